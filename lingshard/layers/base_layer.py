@@ -1,0 +1,425 @@
+"""`BaseLayer`: Lingvo's layer contract on tf.Module.
+
+A layer is configured by its `Params()`, builds children with `CreateChild`
+and declares weights with `CreateVariable` in `__init__`, and computes with
+`FProp(theta, *inputs)` where `theta` is a NestedMap of its weights and its
+children's thetas. Because FProp takes theta explicitly, a step is a pure
+function of (theta, inputs): remat, pipelining, manual partitioning and HLO
+export need nothing else.
+
+Variables are declared in `__init__` and created lazily, for the whole tree at
+once, the first time any theta/variables are asked for: the full path of each
+weight (`model/enc/layer_000/moe/wi`) is only known once the parent links
+exist, and parameter counting can walk the declarations without allocating.
+Initial values come from stateless RNG seeded by (random_seed, weight path),
+so they do not depend on the creation order of unrelated layers.
+"""
+
+import functools
+import re
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+from lingshard import hyperparams
+from lingshard import sharding
+from lingshard.nested_map import NestedMap
+from lingshard.weight_init import Fans
+from lingshard.weight_init import WeightInit
+
+_NAME_RE = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
+# Params a child takes from its parent when it leaves them as None.
+INHERITED_PARAMS = ('dtype', 'fprop_dtype', 'params_init', 'random_seed',
+                    'device_mesh', 'mesh_axis_names', 'is_inference')
+_ROOT_DEFAULTS = {
+    'dtype': tf.float32,
+    'params_init': WeightInit.Xavier(1.0),
+    'random_seed': 1234,
+    'is_inference': False,
+}
+
+
+def WeightParams(shape, init=None, dtype=None, device_mesh=None,
+                 tensor_split_dims_mapping=None, trainable=True):
+  """Declares one weight; None fields are filled from the layer's params."""
+  p = hyperparams.Params()
+  p.Define('shape', list(shape), 'Weight shape.')
+  p.Define('init', init, 'WeightInit; None = the layer\'s params_init.')
+  p.Define('dtype', dtype, 'Variable dtype; None = the layer\'s dtype.')
+  p.Define('device_mesh', device_mesh, 'Device mesh; None = the layer\'s.')
+  p.Define('tensor_split_dims_mapping', tensor_split_dims_mapping,
+           'Mesh axis per dim (-1 replicated); None = the layer\'s '
+           'weight_split_dims_mapping.<name>.')
+  p.Define('trainable', trainable, 'Whether gradients update this weight.')
+  return p
+
+
+def StableSeed(*parts):
+  """A 31-bit seed from strings/ints, stable across runs and processes."""
+  text = '/'.join(str(p) for p in parts)
+  return zlib.crc32(text.encode('utf-8')) & 0x7FFFFFFF
+
+
+class BaseLayer(tf.Module):
+  """Base class of all layers (see the module docstring)."""
+
+  @classmethod
+  def Params(cls):
+    """The params that configure this layer class."""
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', '', 'Layer name: one path component of weight names.')
+    p.Define('dtype', None, 'Weight dtype; None inherits (root: float32).')
+    p.Define('fprop_dtype', None,
+             'Activation dtype (e.g. bfloat16); None inherits (root: dtype).')
+    p.Define('params_init', None,
+             'Default WeightInit; None inherits (root: Xavier(1.0)).')
+    p.Define('random_seed', None,
+             'Seed of initialisation and routing randomness; None inherits '
+             '(root: 1234).')
+    p.Define('device_mesh', None,
+             'ndarray of device ids: the logical mesh; None = no sharding.')
+    p.Define('mesh_axis_names', None, 'Optional names of the mesh axes.')
+    p.Define('weight_split_dims_mapping', hyperparams.Params(),
+             'Per weight name: the mesh axis of each dim (-1 replicated).')
+    p.Define('activation_split_dims_mapping', hyperparams.Params(),
+             'Per activation name: the mesh axis of each dim.')
+    p.Define('is_inference', None, 'Inference mode (no dropout, eval '
+             'capacity); None inherits (root: False).')
+    return p
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    init = cls.__dict__.get('__init__')
+    if init is not None:
+      cls.__init__ = _TrackInit(init)
+
+  def __init__(self, params):
+    if not isinstance(params, hyperparams.InstantiableParams):
+      raise TypeError(f'{type(self).__name__} takes its Params(), got '
+                      f'{type(params).__name__}')
+    p = params.Copy()
+    for key, value in _ROOT_DEFAULTS.items():
+      if p.Get(key) is None:
+        p.Set(**{key: value})
+    if p.fprop_dtype is None:
+      p.fprop_dtype = p.dtype
+    if not p.name:
+      p.name = _SnakeCase(type(self).__name__)
+    if not _NAME_RE.match(p.name):
+      raise ValueError(f'Layer name {p.name!r} is not an identifier.')
+    if p.device_mesh is not None:
+      p.device_mesh = sharding.ValidateDeviceMesh(p.device_mesh)
+    super().__init__(name=p.name)
+    d = self.__dict__
+    d['_params'] = p.Freeze()
+    d['_parent'] = None
+    d['_child_name'] = p.name
+    d['_children'] = {}        # name -> layer | [layers] | {key: layer}
+    d['_weight_params'] = {}   # name -> resolved WeightParams
+    d['_vars'] = None          # name -> tf.Variable once created
+    d.setdefault('_init_depth', 0)
+
+  # ------------------------------------------------------------- properties
+  @property
+  def params(self):
+    """The layer's resolved, frozen params."""
+    return self._params
+
+  @property
+  def parent(self):
+    return self._parent
+
+  @property
+  def path(self):
+    """`root/child/grandchild` path; weight names are `path/weight`."""
+    if self._parent is None:
+      return self._child_name
+    return f'{self._parent.path}/{self._child_name}'
+
+  @property
+  def fprop_dtype(self):
+    return self._params.fprop_dtype
+
+  @property
+  def do_eval(self):
+    return bool(self._params.is_inference)
+
+  @property
+  def layer_seed(self):
+    """A seed unique to this layer: (random_seed, path)."""
+    return StableSeed(self._params.random_seed, self.path)
+
+  def __getattr__(self, name):
+    children = self.__dict__.get('_children')
+    if children is not None and name in children:
+      return children[name]
+    raise AttributeError(f'{type(self).__name__} has no attribute or child '
+                         f'{name!r}')
+
+  # ----------------------------------------------------------- construction
+  def _CheckInInit(self, what):
+    if self.__dict__.get('_init_depth', 0) <= 0:
+      raise RuntimeError(f'{what} may only be called in __init__ '
+                         f'({type(self).__name__} {self.path}).')
+
+  def _CheckNewName(self, name):
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+      raise ValueError(f'Name {name!r} is not an identifier.')
+    if name in self._children or name in self._weight_params:
+      raise ValueError(f'{self.path} already has a child or weight {name!r}')
+    if hasattr(type(self), name):
+      raise ValueError(f'{name!r} clashes with an attribute of '
+                       f'{type(self).__name__}')
+
+  def _ChildParams(self, name, params):
+    if not isinstance(params, hyperparams.InstantiableParams):
+      raise TypeError(f'child {name!r} needs InstantiableParams, got '
+                      f'{type(params).__name__}')
+    p = params.Copy()
+    for key in INHERITED_PARAMS:
+      if p.Get(key) is None:
+        p.Set(**{key: self._params.Get(key)})
+    p.name = name
+    return p
+
+  def _Adopt(self, child, name):
+    if not isinstance(child, BaseLayer):
+      raise TypeError(f'child {name!r} is a {type(child).__name__}, not a '
+                      'BaseLayer')
+    child.__dict__['_parent'] = self
+    child.__dict__['_child_name'] = name
+    return child
+
+  def CreateChild(self, name, params):
+    """Instantiates `params` as child `name` (only in __init__)."""
+    self._CheckInInit('CreateChild')
+    self._CheckNewName(name)
+    child = self._Adopt(self._ChildParams(name, params).Instantiate(), name)
+    self._children[name] = child
+    return child
+
+  def CreateChildren(self, name, params_list):
+    """A list (children `name_000`, ...) or dict of children under `name`."""
+    self._CheckInInit('CreateChildren')
+    self._CheckNewName(name)
+    if isinstance(params_list, dict):
+      kids = {}
+      for key in sorted(params_list):
+        sub = f'{name}_{key}'
+        kids[key] = self._Adopt(
+            self._ChildParams(sub, params_list[key]).Instantiate(), sub)
+    elif isinstance(params_list, (list, tuple)):
+      kids = []
+      for i, cp in enumerate(params_list):
+        sub = f'{name}_{i:03d}'
+        kids.append(self._Adopt(self._ChildParams(sub, cp).Instantiate(), sub))
+    else:
+      raise TypeError('CreateChildren takes a list or dict of params.')
+    self._children[name] = kids
+    return kids
+
+  def CreateVariable(self, name, weight_params):
+    """Declares weight `name`; it is created with the rest of the tree."""
+    self._CheckInInit('CreateVariable')
+    self._CheckNewName(name)
+    p = self._params
+    wp = weight_params.Copy()
+    if wp.init is None:
+      wp.init = p.params_init
+    if wp.dtype is None:
+      wp.dtype = p.dtype
+    if wp.device_mesh is None:
+      wp.device_mesh = p.device_mesh
+    if (wp.tensor_split_dims_mapping is None and
+        name in p.weight_split_dims_mapping):
+      wp.tensor_split_dims_mapping = p.weight_split_dims_mapping.Get(name)
+    if wp.device_mesh is not None and wp.tensor_split_dims_mapping is not None:
+      mesh = sharding.ValidateDeviceMesh(wp.device_mesh)
+      sharding.ResolveSplitDimsMapping(wp.tensor_split_dims_mapping,
+                                       mesh.ndim, len(wp.shape),
+                                       p.mesh_axis_names)
+    self._weight_params[name] = wp.Freeze()
+
+  # -------------------------------------------------------------- children
+  def _ChildItems(self):
+    """[(name, layer | [layers] | {key: layer})] in name order."""
+    return sorted(self._children.items())
+
+  def _AllLayers(self):
+    yield self
+    for _, c in self._ChildItems():
+      for layer in _Layers(c):
+        yield from layer._AllLayers()
+
+  @property
+  def children(self):
+    return dict(self._children)
+
+  @property
+  def weight_params(self):
+    """{name: WeightParams} this layer declared (not its children's)."""
+    return dict(self._weight_params)
+
+  def DeclaredWeights(self):
+    """NestedMap like theta, with WeightParams leaves; allocates nothing."""
+    return self._ThetaLike(lambda layer, name: layer._weight_params[name])
+
+  # -------------------------------------------------------------- variables
+  def _Root(self):
+    layer = self
+    while layer._parent is not None:
+      layer = layer._parent
+    return layer
+
+  def InstantiateVariables(self):
+    """Creates every declared variable of the whole tree (once)."""
+    root = self._Root()
+    if any(l._init_depth > 0 for l in (self, root)):
+      raise RuntimeError('variables are created after __init__; do not ask '
+                         'for theta inside __init__')
+    with tf.init_scope():
+      for layer in root._AllLayers():
+        if layer._vars is None:
+          layer._CreateOwnVariables()
+
+  def _CreateOwnVariables(self):
+    created = {}
+    for name, wp in sorted(self._weight_params.items()):
+      path = f'{self.path}/{name}'
+      value = _InitialValue(wp, StableSeed(self._params.random_seed, path)
+                            if wp.init.seed is None else wp.init.seed)
+      created[name] = tf.Variable(value, name=path, trainable=wp.trainable)
+    self.__dict__['_vars'] = None
+    self._vars = created  # tf.Module tracks the dict (checkpoints).
+
+  @property
+  def vars(self):
+    """NestedMap of variables of this layer and its children."""
+    self.InstantiateVariables()
+    return self._ThetaLike(lambda layer, name: layer._vars[name])
+
+  @property
+  def theta(self):
+    """The layer's weights as a NestedMap, the first arg of FProp."""
+    return self.vars
+
+  @property
+  def variables(self):
+    self.InstantiateVariables()
+    return super().variables
+
+  @property
+  def trainable_variables(self):
+    self.InstantiateVariables()
+    return super().trainable_variables
+
+  def _ThetaLike(self, leaf_fn):
+    out = NestedMap()
+    for name in sorted(self._weight_params):
+      out[name] = leaf_fn(self, name)
+    for name, c in self._ChildItems():
+      if isinstance(c, BaseLayer):
+        out[name] = c._ThetaLike(leaf_fn)
+      elif isinstance(c, list):
+        out[name] = [k._ThetaLike(leaf_fn) for k in c]
+      else:
+        out[name] = NestedMap({str(k): c[k]._ThetaLike(leaf_fn)
+                               for k in sorted(c)})
+    return out
+
+  # --------------------------------------------------------------- sharding
+  def ShardTheta(self, theta):
+    """Annotates every weight in `theta` with its declared sharding.
+
+    Call once at the top of a compiled step so the weight layout reaches
+    XLA (the argument then carries a Sharding custom-call in the HLO).
+    """
+    out = NestedMap()
+    for name, value in theta.items():
+      if name in self._weight_params:
+        wp = self._weight_params[name]
+        out[name] = sharding.mesh_split(value, wp.device_mesh,
+                                        wp.tensor_split_dims_mapping,
+                                        self._params.mesh_axis_names)
+      elif name in self._children:
+        c = self._children[name]
+        if isinstance(c, BaseLayer):
+          out[name] = c.ShardTheta(value)
+        elif isinstance(c, list):
+          out[name] = [k.ShardTheta(v) for k, v in zip(c, value)]
+        else:
+          out[name] = NestedMap({k: c[k].ShardTheta(value[k]) for k in value})
+      else:
+        raise KeyError(f'{self.path}: theta has unknown key {name!r}')
+    return out
+
+  def ShardActivation(self, t, key):
+    """Annotates activation `t` by `activation_split_dims_mapping.<key>`."""
+    p = self._params
+    if key not in p.activation_split_dims_mapping:
+      raise KeyError(f'{self.path}: no activation_split_dims_mapping.{key} '
+                     'defined')
+    return sharding.mesh_split(t, p.device_mesh,
+                               p.activation_split_dims_mapping.Get(key),
+                               p.mesh_axis_names)
+
+  # ------------------------------------------------------------------ fprop
+  def FProp(self, theta, *args, **kwargs):
+    """Computes the layer's output from explicit weights `theta`."""
+    raise NotImplementedError(f'{type(self).__name__}.FProp')
+
+  def __call__(self, *args, **kwargs):
+    """`FProp` with the layer's own (sharding-annotated) variables."""
+    return self.FProp(self.ShardTheta(self.theta), *args, **kwargs)
+
+
+def _Layers(c):
+  if isinstance(c, BaseLayer):
+    return [c]
+  if isinstance(c, dict):
+    return [c[k] for k in sorted(c)]
+  return list(c)
+
+
+def _TrackInit(init):
+  """Marks a layer as under construction while its __init__ runs."""
+
+  @functools.wraps(init)
+  def Wrapped(self, *args, **kwargs):
+    depth = self.__dict__.get('_init_depth', 0)
+    self.__dict__['_init_depth'] = depth + 1
+    try:
+      init(self, *args, **kwargs)
+    finally:
+      self.__dict__['_init_depth'] = depth
+
+  return Wrapped
+
+
+def _SnakeCase(name):
+  return re.sub(r'(?<!^)(?=[A-Z])', '_', name).lower()
+
+
+def _InitialValue(wp, seed):
+  """Initial tensor of a weight from its WeightInit, by stateless RNG."""
+  init = wp.init
+  shape = [int(d) for d in wp.shape]
+  dtype = tf.as_dtype(wp.dtype)
+  rng_seed = tf.constant([seed, 0x5EED], tf.int32)
+  fan_in, fan_out = Fans(shape)
+  if init.method == 'constant':
+    return tf.fill(shape, tf.cast(init.scale, dtype))
+  if init.method in ('gaussian', 'gaussian_sqrt_fanin', 'truncated_gaussian'):
+    stddev = init.scale
+    if init.method == 'gaussian_sqrt_fanin':
+      stddev = init.scale / np.sqrt(max(fan_in, 1))
+    fn = (tf.random.stateless_truncated_normal
+          if init.method == 'truncated_gaussian' else
+          tf.random.stateless_normal)
+    return tf.cast(fn(shape, rng_seed, stddev=stddev), dtype)
+  limit = init.scale
+  if init.method == 'xavier':
+    limit = init.scale * np.sqrt(6.0 / max(fan_in + fan_out, 1))
+  return tf.cast(tf.random.stateless_uniform(shape, rng_seed, -limit, limit),
+                 dtype)

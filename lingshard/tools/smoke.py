@@ -1,0 +1,60 @@
+"""Smoke run: instantiate a registered model, run a few training steps.
+
+  python -m lingshard.tools.smoke --model=toy.FFRegression --steps=20
+
+Each step is `tf.function(step)(theta, batch)`: forward, backward and an
+Adam update of explicit theta.
+"""
+
+import time
+
+from absl import app
+from absl import flags
+import tensorflow as tf
+
+from lingshard import model_registry
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('model', 'toy.FFRegression', 'Registered model key.')
+flags.DEFINE_integer('steps', 20, 'Training steps to run.')
+flags.DEFINE_integer('log_every', 5, 'Print the loss every N steps.')
+
+
+def Run(model_key, steps, log_every=5, printer=print):
+  """Trains `steps` steps; returns the list of losses."""
+  params = model_registry.GetParams(model_key, 'Train')
+  model = params.Instantiate()
+  task = model.task
+  batches = iter(model.GetInput().GetDataset())
+  variables = task.vars.Flatten()
+  opt = tf.keras.optimizers.Adam(task.params.train.learning_rate)
+
+  @tf.function
+  def Step(batch):
+    with tf.GradientTape() as tape:
+      metrics, _ = task.FProp(task.ShardTheta(task.theta), batch)
+      loss = metrics.loss[0]
+    grads = tape.gradient(loss, variables)
+    opt.apply_gradients(zip(grads, variables))
+    return loss
+
+  losses = []
+  start = time.time()
+  for step in range(1, steps + 1):
+    losses.append(float(Step(next(batches))))
+    if step % log_every == 0 or step == 1 or step == steps:
+      printer(f'step {step:4d}  loss {losses[-1]:.5f}')
+  n = sum(v.shape.num_elements() for v in variables)
+  printer(f'{model_key}: {n} parameters, {steps} steps in '
+          f'{time.time() - start:.1f}s, loss {losses[0]:.4f} -> '
+          f'{losses[-1]:.4f}')
+  return losses
+
+
+def main(argv):
+  del argv
+  Run(FLAGS.model, FLAGS.steps, FLAGS.log_every)
+
+
+if __name__ == '__main__':
+  app.run(main)
