@@ -35,20 +35,41 @@ class BaseTask(base_layer.BaseLayer):
     p.Define('train', TrainParams(), 'Training hyper-parameters.')
     return p
 
-  def ComputePredictions(self, theta, input_batch):
+  def ComputePredictions(self, theta, input_batch, **kwargs):
     raise NotImplementedError(f'{type(self).__name__}.ComputePredictions')
 
   def ComputeLoss(self, theta, predictions, input_batch):
     raise NotImplementedError(f'{type(self).__name__}.ComputeLoss')
 
-  def FProp(self, theta, input_batch):
-    """Returns (metrics, per_example) for one batch."""
-    predictions = self.ComputePredictions(theta, input_batch)
+  def FProp(self, theta, input_batch, **kwargs):
+    """Returns (metrics, per_example) for one batch.
+
+    kwargs (e.g. `step` for routing randomness) go to ComputePredictions.
+    """
+    predictions = self.ComputePredictions(theta, input_batch, **kwargs)
     metrics, per_example = self.ComputeLoss(theta, predictions, input_batch)
     if 'loss' not in metrics:
       raise KeyError(f'{type(self).__name__}.ComputeLoss must return a '
                      '"loss" metric')
     return metrics, per_example
+
+  def LossAndGradients(self, theta, input_batch, **fprop_kwargs):
+    """The pure step math: (metrics, per_example, grads) for explicit theta.
+
+    `theta` may hold tensors (function arguments) or variables; the weights
+    are sharding-annotated first so their layout reaches XLA. The trainer,
+    the SPMD checker and export all call this; nothing else builds the
+    model's math.
+    """
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    leaves = theta.Flatten()
+    with tf.GradientTape() as tape:
+      tape.watch(leaves)
+      metrics, per_example = self.FProp(self.ShardTheta(theta), input_batch,
+                                        **fprop_kwargs)
+    grads = tape.gradient(metrics.loss[0], leaves,
+                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    return metrics, per_example, theta.Pack(grads)
 
 
 class SingleTaskModel:

@@ -33,7 +33,8 @@ class FeedForwardRegression(base_model.BaseTask):
           activation='none' if last else p.activation))
     self.CreateChildren('fc', layers)
 
-  def ComputePredictions(self, theta, input_batch):
+  def ComputePredictions(self, theta, input_batch, **kwargs):
+    del kwargs  # No randomness.
     x = input_batch.x
     for layer, layer_theta in zip(self.fc, theta.fc):
       x = layer.FProp(layer_theta, x)

@@ -1,0 +1,111 @@
+"""Corpus files: `lang<TAB>source<TAB>target` TSV and the statistics table.
+
+One example per line, UTF-8, '\\n' line ends, no header, no quoting (fields
+never contain tabs or newlines; prepare collapses whitespace). Readers
+validate every line and name the file and line of the first bad one.
+"""
+
+import collections
+import os
+
+TSV_SUFFIX = '.tsv'
+# Placeholder- and HTML-free subset of a split, e.g. 'train.noph.tsv'.
+NOPH_SUFFIX = '.noph.tsv'
+STATS_FILE = 'stats.tsv'
+
+
+class CorpusError(ValueError):
+  """A corpus file is missing, empty or malformed."""
+
+
+def SplitPath(data_dir, split, noph=False):
+  """Path of a split's TSV file inside a prepared corpus directory."""
+  return os.path.join(data_dir, split + (NOPH_SUFFIX if noph else TSV_SUFFIX))
+
+
+def WriteTsv(path, rows):
+  """Writes (lang, source, target) rows in the given order.
+
+  Raises:
+    ValueError: if a field is empty or holds a tab or newline.
+  """
+  with open(path, 'w', encoding='utf-8', newline='\n') as f:
+    for row in rows:
+      for field in row:
+        if not field or '\t' in field or '\n' in field or '\r' in field:
+          raise ValueError(f'bad TSV field {field!r} in {row!r}')
+      f.write('\t'.join(row) + '\n')
+
+
+def _ParseLine(line, path, lineno):
+  text = line.rstrip('\r\n')
+  fields = text.split('\t')
+  if len(fields) != 3:
+    raise CorpusError(
+        f'{path}:{lineno}: expected 3 tab-separated fields '
+        f'(lang, source, target), got {len(fields)}: {text[:80]!r}')
+  if not all(fields):
+    raise CorpusError(f'{path}:{lineno}: empty field in {text[:80]!r}')
+  return fields[0], fields[1], fields[2]
+
+
+def ReadTsv(path):
+  """Reads and validates a corpus TSV file.
+
+  Args:
+    path: the TSV file.
+
+  Returns:
+    list of (lang, source, target) tuples in file order.
+
+  Raises:
+    CorpusError: if the file is missing or empty, or a line is malformed
+      (the message starts with 'path:line:').
+  """
+  if not os.path.isfile(path):
+    raise CorpusError(f'corpus file not found: {path}')
+  rows = []
+  with open(path, encoding='utf-8', newline='\n') as f:
+    lineno = 0
+    try:
+      for lineno, line in enumerate(f, start=1):
+        rows.append(_ParseLine(line, path, lineno))
+    except UnicodeDecodeError as e:
+      raise CorpusError(f'{path}:{lineno + 1}: not UTF-8: {e}') from e
+  if not rows:
+    raise CorpusError(f'corpus file is empty: {path}')
+  return rows
+
+
+def GroupByLanguage(rows):
+  """Returns {lang: [(source, target), ...]} with languages sorted."""
+  groups = collections.defaultdict(list)
+  for lang, source, target in rows:
+    groups[lang].append((source, target))
+  return {lang: groups[lang] for lang in sorted(groups)}
+
+
+def LanguageCounts(rows):
+  """Returns {lang: number of rows}, languages sorted."""
+  counts = collections.Counter(lang for lang, _, _ in rows)
+  return {lang: counts[lang] for lang in sorted(counts)}
+
+
+def WriteStatsTable(path, split_counts):
+  """Writes the per-language pairs-per-split table.
+
+  Args:
+    path: output TSV path (with a header line).
+    split_counts: ordered dict {split name: {lang: count}}.
+  """
+  names = list(split_counts)
+  langs = sorted(set().union(*(set(c) for c in split_counts.values())))
+  total_row = [sum(split_counts[n].values()) for n in names]
+  with open(path, 'w', encoding='utf-8', newline='\n') as f:
+    f.write('\t'.join(['lang'] + names + ['total']) + '\n')
+    for lang in langs:
+      row = [split_counts[n].get(lang, 0) for n in names]
+      f.write('\t'.join([lang] + [str(x) for x in row + [sum(row)]]) + '\n')
+    f.write('\t'.join(['ALL'] + [str(x) for x in total_row + [sum(total_row)]])
+            + '\n')
+
