@@ -14,6 +14,7 @@ import copy
 import difflib
 import importlib
 import re
+import warnings
 
 import numpy as np
 
@@ -265,6 +266,7 @@ class Params:
         if value is None:
           continue
       lines.append(f'{key} : {ValueToText(value)}')
+    lines.sort(key=lambda line: line.split(' : ', 1)[0])
     return '\n'.join(lines) + ('\n' if lines else '')
 
   def FromText(self, text):
@@ -452,7 +454,9 @@ def _ParseNdarray(text):
 
 def _LiteralEval(text):
   try:
-    return ast.literal_eval(text)
+    with warnings.catch_warnings():
+      warnings.simplefilter('ignore', SyntaxWarning)  # e.g. '0x1g' in text.
+      return ast.literal_eval(text)
   except (ValueError, SyntaxError, TypeError, MemoryError,
           RecursionError) as e:
     raise ParamsTextError(f'not a literal: {text!r} '
@@ -508,7 +512,10 @@ def _Coerce(value, current, text):
   """Converts a parsed value to the type of `current` or raises."""
   if current is None or value is None:
     return value
-  if isinstance(current, bool):
+  if isinstance(current, WeightInit):  # A namedtuple: before tuple.
+    if isinstance(value, WeightInit):
+      return value
+  elif isinstance(current, bool):
     if isinstance(value, bool):
       return value
   elif isinstance(current, int):
@@ -537,9 +544,6 @@ def _Coerce(value, current, text):
         return np.array(value, dtype=current.dtype)
       except (TypeError, ValueError, OverflowError) as e:
         raise ParamsTextError(f'bad array {text!r}: {e}') from None
-  elif isinstance(current, WeightInit):
-    if isinstance(value, WeightInit):
-      return value
   elif isinstance(current, Params):
     raise ParamsTextError('cannot assign a value to nested Params')
   else:

@@ -275,7 +275,7 @@ class BaseLayer(tf.Module):
   def InstantiateVariables(self):
     """Creates every declared variable of the whole tree (once)."""
     root = self._Root()
-    if any(l._init_depth > 0 for l in (self, root)):
+    if any(layer._init_depth > 0 for layer in (self, root)):
       raise RuntimeError('variables are created after __init__; do not ask '
                          'for theta inside __init__')
     with tf.init_scope():

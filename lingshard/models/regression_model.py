@@ -52,7 +52,7 @@ class FeedForwardRegression(base_model.BaseTask):
 class RegressionInput:
   """Synthetic regression batches from a fixed random teacher.
 
-  y = sum(sin(x @ A)) / sqrt(hidden) + noise, with A and the stream of x
+  y = sum(sin(x @ A)) / sqrt(hidden) + noise, A ~ N(0, 1/D), with A and the stream of x
   determined by `seed`: the same params give the same batches.
   """
 
@@ -70,8 +70,9 @@ class RegressionInput:
     self.params = params.Copy().Freeze()
     p = self.params
     rng = np.random.RandomState(p.seed)
-    self._teacher = rng.normal(size=[p.input_dim, p.teacher_hidden]).astype(
-        np.float32)
+    # Scaled so x @ A has unit variance: sin() stays smooth and learnable.
+    self._teacher = (rng.normal(size=[p.input_dim, p.teacher_hidden]) /
+                     np.sqrt(p.input_dim)).astype(np.float32)
 
   def _Batch(self, index):
     p = self.params
