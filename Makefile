@@ -8,6 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint install clean
+export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 $(STAMP): setup.py
 	$(PYTHON) -m venv $(VENV)
