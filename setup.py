@@ -25,7 +25,8 @@ setuptools.setup(
         'test': ['pytest>=8,<10', 'hypothesis>=6.100,<7', 'ruff>=0.6,<1'],
         # The SPMD checker uses jaxlib as the standalone XLA partitioner and
         # runtime; lingshard/spmd/xla_runtime.py checks this exact version.
-        'spmd': ['jax==0.10.2', 'jaxlib==0.10.2'],
+        # matplotlib draws scripts/bench_spmd_scaling.py's plot.
+        'spmd': ['jax==0.10.2', 'jaxlib==0.10.2', 'matplotlib>=3.8,<4'],
     },
     entry_points={},
 )

@@ -14,7 +14,18 @@ HLO for intermediate tensors (an attribute on the producing op is dropped).
 Split mappings (`split_dims_mapping`) give, per tensor dim, the mesh axis it
 is split over or -1 (replicated along it); a mesh axis may be given by index
 or by name when `mesh_axis_names` is passed. None entries mean -1.
+
+Manual partitioning (`auto_to_manual` ... `manual_to_auto`, GShard §3.2)
+changes shapes, so it can only be emitted into a program that the SPMD
+partitioner will see. Code that builds such a program (the SPMD checker, a
+TPU step) traces it inside `SpmdPartitioning(num_partitions)`; everywhere
+else (single-device runs, eager) the two calls are identities and the
+manual region sees the whole tensor as the one device's shard. Code inside
+a manual region must therefore take shapes from its (local) inputs.
 """
+
+import contextlib
+import contextvars
 
 import numpy as np
 import tensorflow as tf
@@ -22,18 +33,55 @@ from tensorflow.python.compiler.xla.experimental import xla_sharding
 
 __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
-    'auto_to_manual', 'manual_to_auto', 'ValidateDeviceMesh',
-    'ResolveSplitDimsMapping',
+    'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
+    'PartitionCount', 'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
 ]
+
+# Number of partitions of the program being traced, or None (single device).
+_PARTITIONS = contextvars.ContextVar('lingshard_spmd_partitions',
+                                     default=None)
 
 
 class ShardingError(ValueError):
   """A sharding annotation that cannot be right for the tensor or mesh."""
 
 
+@contextlib.contextmanager
+def SpmdPartitioning(num_partitions):
+  """Traces code for an SPMD program of `num_partitions` devices.
+
+  Inside, `auto_to_manual` / `manual_to_auto` emit the shape-changing XLA
+  custom calls, and every annotation must use exactly `num_partitions`
+  devices (XLA rejects a tile assignment of another size).
+  """
+  if not isinstance(num_partitions, (int, np.integer)) or num_partitions < 1:
+    raise ShardingError(f'num_partitions must be >= 1, got {num_partitions}')
+  token = _PARTITIONS.set(int(num_partitions))
+  try:
+    yield
+  finally:
+    _PARTITIONS.reset(token)
+
+
+def PartitionCount():
+  """Partitions of the program being traced (None outside SpmdPartitioning)."""
+  return _PARTITIONS.get()
+
+
 def _Emit():
   """Annotations are real ops only when tracing a graph."""
   return not tf.executing_eagerly()
+
+
+def _EmitManual():
+  return _Emit() and _PARTITIONS.get() is not None
+
+
+def _CheckDeviceCount(num_devices):
+  n = _PARTITIONS.get()
+  if n is not None and num_devices != n:
+    raise ShardingError(f'the annotation uses {num_devices} devices but the '
+                        f'program is partitioned for {n}')
 
 
 def _Rank(t):
@@ -56,6 +104,26 @@ def ValidateDeviceMesh(device_mesh):
   return mesh.astype(np.int64)
 
 
+def _MeshAxis(axis, mesh_ndim, mesh_axis_names):
+  """One mesh axis (index or name; None = -1) as an int in [-1, ndim)."""
+  if axis is None:
+    return -1
+  if isinstance(axis, str):
+    if not mesh_axis_names or axis not in mesh_axis_names:
+      raise ShardingError(f'mesh axis name {axis!r} is not one of '
+                          f'{list(mesh_axis_names or [])}')
+    return list(mesh_axis_names).index(axis)
+  if isinstance(axis, (bool, np.bool_)) or not isinstance(
+      axis, (int, np.integer)):
+    raise ShardingError(f'mesh axis must be an int, a name or None, got '
+                        f'{axis!r}')
+  axis = int(axis)
+  if axis != -1 and not 0 <= axis < mesh_ndim:
+    raise ShardingError(f'mesh axis {axis} is out of range for a '
+                        f'{mesh_ndim}-D device mesh')
+  return axis
+
+
 def ResolveSplitDimsMapping(split_dims_mapping, mesh_ndim, rank,
                             mesh_axis_names=None):
   """Mesh axis indices (-1 = replicated) for each tensor dim, validated."""
@@ -66,21 +134,7 @@ def ResolveSplitDimsMapping(split_dims_mapping, mesh_ndim, rank,
                         f'{rank}')
   out = []
   for axis in mapping:
-    if axis is None:
-      axis = -1
-    elif isinstance(axis, str):
-      if not mesh_axis_names or axis not in mesh_axis_names:
-        raise ShardingError(f'mesh axis name {axis!r} is not one of '
-                            f'{list(mesh_axis_names or [])}')
-      axis = list(mesh_axis_names).index(axis)
-    elif isinstance(axis, (bool, np.bool_)) or not isinstance(
-        axis, (int, np.integer)):
-      raise ShardingError(f'mesh axis must be an int, a name or None, got '
-                          f'{axis!r}')
-    axis = int(axis)
-    if axis != -1 and not 0 <= axis < mesh_ndim:
-      raise ShardingError(f'mesh axis {axis} is out of range for a '
-                          f'{mesh_ndim}-D device mesh')
+    axis = _MeshAxis(axis, mesh_ndim, mesh_axis_names)
     if axis != -1 and axis in out:
       raise ShardingError(f'mesh axis {axis} is used twice in '
                           f'{list(split_dims_mapping)}')
@@ -99,7 +153,8 @@ def replicate(t):
 def split(t, split_dimension, num_partitions):
   """Splits dim `split_dimension` into `num_partitions` pieces (GShard §3.2).
 
-  Uneven sizes are allowed (e.g. 15 over 2): XLA pads the last shard.
+  Piece i goes to device i. Uneven sizes are allowed (e.g. 15 over 2): XLA
+  pads the last shard (GShard §3.3.3).
   """
   t = tf.convert_to_tensor(t)
   rank = _Rank(t)
@@ -111,6 +166,7 @@ def split(t, split_dimension, num_partitions):
     raise ShardingError(f'num_partitions must be >= 1, got {num_partitions}')
   if not _Emit():
     return t
+  _CheckDeviceCount(int(num_partitions))
   return xla_sharding.split(t, int(split_dimension) % rank,
                             int(num_partitions), use_sharding_op=True)
 
@@ -118,7 +174,9 @@ def split(t, split_dimension, num_partitions):
 def shard(t, device_assignment):
   """Tiles `t` by an ndarray of device ids with the tensor's rank (App A.3).
 
-  `device_assignment[i0, i1, ...]` is the device holding tile (i0, i1, ...).
+  `device_assignment[i0, i1, ...]` is the device holding tile (i0, i1, ...);
+  e.g. a [3, 16, 64] tensor with an assignment of shape [1, 2, 4] has tiles
+  of [3, 8, 16].
   """
   t = tf.convert_to_tensor(t)
   assignment = ValidateDeviceMesh(device_assignment)
@@ -128,10 +186,12 @@ def shard(t, device_assignment):
                         f'the tensor has rank {rank}')
   if not _Emit():
     return t
+  _CheckDeviceCount(assignment.size)
   return xla_sharding.tile(t, assignment, use_sharding_op=True)
 
 
-def mesh_split(t, device_mesh, split_dims_mapping, mesh_axis_names=None):
+def mesh_split(t, device_mesh, split_dims_mapping, mesh_axis_names=None,
+               manual_mesh_axis=None):
   """Splits `t` over a logical device mesh (GShard §3.2 `mesh_split`).
 
   Args:
@@ -140,6 +200,9 @@ def mesh_split(t, device_mesh, split_dims_mapping, mesh_axis_names=None):
     split_dims_mapping: per tensor dim, a mesh axis (index or name) or -1.
       None means "no annotation".
     mesh_axis_names: optional names of the mesh axes.
+    manual_mesh_axis: inside a region made manual on this one mesh axis by
+      `auto_to_manual(..., manual_mesh_axis=a)`, annotations must name it
+      here (a subgroup sharding); the mapping may not use it.
   """
   t = tf.convert_to_tensor(t)
   if device_mesh is None or split_dims_mapping is None:
@@ -147,46 +210,111 @@ def mesh_split(t, device_mesh, split_dims_mapping, mesh_axis_names=None):
   mesh = ValidateDeviceMesh(device_mesh)
   mapping = ResolveSplitDimsMapping(split_dims_mapping, mesh.ndim, _Rank(t),
                                     mesh_axis_names)
+  manual = _ManualAxis(manual_mesh_axis, mesh, mapping, mesh_axis_names,
+                       must_use=False)
   if not _Emit():
     return t
+  _CheckDeviceCount(mesh.size)
+  if manual is not None:
+    if not _EmitManual():
+      return t  # No manual region exists outside SpmdPartitioning.
+    return xla_sharding.mesh_split(t, mesh, mapping, use_sharding_op=True,
+                                   manual_mesh_dims=[manual])
   return xla_sharding.mesh_split(t, mesh, mapping, use_sharding_op=True)
 
 
-def _ManualSharding(t, device_mesh, split_dims_mapping, mesh_axis_names):
+def _ManualAxis(manual_mesh_axis, mesh, mapping, mesh_axis_names, must_use):
+  """The manual mesh axis as an int (or None), validated against mapping."""
+  if manual_mesh_axis is None:
+    return None
+  axis = _MeshAxis(manual_mesh_axis, mesh.ndim, mesh_axis_names)
+  if axis == -1:
+    raise ShardingError('manual_mesh_axis must name a mesh axis, got -1')
+  if must_use and axis not in mapping:
+    raise ShardingError(f'manual_mesh_axis {axis} must split a tensor dim; '
+                        f'split_dims_mapping is {mapping}')
+  if not must_use and axis in mapping:
+    raise ShardingError(f'mesh axis {axis} is manual here and cannot also '
+                        f'split a dim: {mapping}')
+  return axis
+
+
+def _ManualSpec(t, device_mesh, split_dims_mapping, mesh_axis_names,
+                manual_mesh_axis):
+  """(mesh, mapping, serialized full sharding, single_dim) for manual ops."""
   mesh = ValidateDeviceMesh(device_mesh)
   mapping = ResolveSplitDimsMapping(split_dims_mapping, mesh.ndim, _Rank(t),
                                     mesh_axis_names)
-  return xla_sharding.mesh_split_sharding(mesh, mapping).proto
+  axis = _ManualAxis(manual_mesh_axis, mesh, mapping, mesh_axis_names,
+                     must_use=True)
+  single_dim = -1 if axis is None else mapping.index(axis)
+  proto = xla_sharding.mesh_split_sharding(mesh, mapping).proto
+  return mesh, mapping, proto.SerializeToString(), single_dim
 
 
-def auto_to_manual(t, device_mesh, split_dims_mapping, mesh_axis_names=None):
+def auto_to_manual(t, device_mesh, split_dims_mapping, mesh_axis_names=None,
+                   manual_mesh_axis=None):
   """Enters manual partitioning (GShard §3.2): returns the per-device shard.
 
-  Inside, ops see the local shard shape (e.g. one group per device) and the
-  partitioner leaves them alone; `manual_to_auto` goes back. In eager mode
-  (no partitioner) the full tensor is the single device's shard.
+  `t` (full shape) is laid out by `split_dims_mapping`; the result has the
+  shard shape (ceil(d / n) along split dims), e.g. one group per device,
+  and the partitioner leaves the ops on it alone until `manual_to_auto`.
+
+  Args:
+    t: full-shape tensor.
+    device_mesh, split_dims_mapping, mesh_axis_names: as `mesh_split`.
+    manual_mesh_axis: None = manual on every mesh axis (devices along mesh
+      axes the mapping does not use hold identical shards). A mesh axis =
+      manual on that axis only; the dims split over the other axes stay
+      automatically partitioned (annotate them inside with
+      `mesh_split(..., manual_mesh_axis=...)`).
+
+  Outside `SpmdPartitioning` (one device) this is an identity: the full
+  tensor is the one device's shard.
   """
   t = tf.convert_to_tensor(t)
-  sharding = _ManualSharding(t, device_mesh, split_dims_mapping,
-                             mesh_axis_names)
-  if not _Emit():
+  mesh, mapping, proto, single_dim = _ManualSpec(
+      t, device_mesh, split_dims_mapping, mesh_axis_names, manual_mesh_axis)
+  if not _EmitManual():
     return t
-  t = xla_sharding.mesh_split(
-      t, ValidateDeviceMesh(device_mesh),
-      ResolveSplitDimsMapping(split_dims_mapping, np.asarray(device_mesh).ndim,
-                              _Rank(t), mesh_axis_names),
-      use_sharding_op=True)
-  return xla_sharding.auto_to_manual_spmd_partition(
-      t, sharding.SerializeToString())
+  _CheckDeviceCount(mesh.size)
+  t = xla_sharding.mesh_split(t, mesh, mapping, use_sharding_op=True)
+  return xla_sharding.auto_to_manual_spmd_partition(t, proto,
+                                                    single_dim=single_dim)
 
 
 def manual_to_auto(t, device_mesh, split_dims_mapping, full_shape,
-                   mesh_axis_names=None):
-  """Leaves manual partitioning: per-device shards -> one full tensor."""
+                   mesh_axis_names=None, manual_mesh_axis=None):
+  """Leaves manual partitioning: per-device shards -> one full tensor.
+
+  Args:
+    t: the shard (shape ceil(full / n) along split dims).
+    device_mesh, split_dims_mapping, mesh_axis_names: layout of the result,
+      as `mesh_split`; same manual_mesh_axis as the `auto_to_manual`.
+    full_shape: shape of the full result.
+    manual_mesh_axis: see `auto_to_manual`.
+
+  Outside `SpmdPartitioning` this is an identity (shape checked).
+  """
   t = tf.convert_to_tensor(t)
-  sharding = _ManualSharding(t, device_mesh, split_dims_mapping,
-                             mesh_axis_names)
-  if not _Emit():
-    return t
+  mesh, mapping, proto, single_dim = _ManualSpec(
+      t, device_mesh, split_dims_mapping, mesh_axis_names, manual_mesh_axis)
+  full_shape = [int(d) for d in full_shape]
+  if len(full_shape) != len(mapping):
+    raise ShardingError(f'full_shape {full_shape} has {len(full_shape)} dims '
+                        f'but the tensor has rank {len(mapping)}')
+  emit = _EmitManual()
+  local = list(full_shape)
+  if emit:
+    for i, axis in enumerate(mapping):
+      if axis != -1 and (single_dim == -1 or i == single_dim):
+        local[i] = -(-full_shape[i] // mesh.shape[axis])
+  if not t.shape.is_compatible_with(local):
+    raise ShardingError(f'manual shard has shape {t.shape.as_list()} but '
+                        f'full_shape {full_shape} split by {mapping} over '
+                        f'mesh {list(mesh.shape)} gives shards of {local}')
+  if not emit:
+    return tf.ensure_shape(t, full_shape) if _Emit() else t
+  _CheckDeviceCount(mesh.size)
   return xla_sharding.manual_to_auto_spmd_partition(
-      t, sharding.SerializeToString(), full_shape=list(full_shape))
+      t, proto, full_shape=full_shape, single_dim=single_dim)

@@ -2,21 +2,44 @@
 
 from lingshard import hyperparams
 from lingshard.layers import base_layer
+from lingshard.optim import adafactor
+from lingshard.optim import adam
 
 
 def TrainParams():
-  """Training hyper-parameters every task carries (used by the trainer)."""
+  """Training hyper-parameters every task carries (used by the trainer).
+
+  Read by lingshard/train: the optimizer and schedule (lingshard/optim),
+  clipping, and the loop's checkpoint / summary / eval cadence.
+  """
   p = hyperparams.Params()
   p.Define('optimizer', 'adam', 'sgd | adam | adafactor.')
-  p.Define('learning_rate', 1e-3, 'Peak learning rate.')
+  p.Define('learning_rate', 1e-3, 'Peak learning rate (Adafactor: the '
+           'relative step size rho).')
   p.Define('lr_schedule', 'constant',
-           'constant | rsqrt (linear warmup, then rsqrt decay).')
+           'constant | rsqrt (linear warmup, then rsqrt decay) | rsqrt_decay '
+           '(lr / sqrt(max(step, warmup_steps)), GShard).')
   p.Define('warmup_steps', 0, 'Warmup / decay-start steps of the schedule.')
   p.Define('clip_gradient_norm_to_value', 0.0,
            'Clip gradients to this global norm; 0 disables.')
+  p.Define('adam', adam.Adam.Params(), 'Adam settings (optimizer=adam).')
+  p.Define('adafactor', adafactor.Adafactor.Params(),
+           'Adafactor settings (optimizer=adafactor).')
   p.Define('max_steps', 1000, 'Default number of training steps.')
-  p.Define('save_interval_steps', 100, 'Checkpoint every N steps.')
+  p.Define('save_interval_steps', 100, 'Checkpoint every N steps; 0 off.')
+  p.Define('save_interval_secs', 0.0,
+           'Also checkpoint when this many seconds passed since the last '
+           'save; 0 off.')
+  p.Define('max_checkpoints_to_keep', 5, 'Keep the K most recent.')
+  p.Define('checkpoint_data_iterator', True,
+           'Save the tf.data iterator in checkpoints (exact resume). If '
+           'False, a resumed run skips `step` batches of a fresh iterator.')
   p.Define('summary_interval_steps', 10, 'Write summaries every N steps.')
+  p.Define('log_interval_steps', 10, 'Print a progress line every N steps.')
+  p.Define('eval_interval_steps', 500,
+           'train_and_eval: evaluate on Dev every N steps (and at the end).')
+  p.Define('eval_num_batches', 0,
+           'Dev batches per evaluation; 0 = the whole (finite) dev set.')
   return p
 
 
@@ -69,6 +92,10 @@ class BaseTask(base_layer.BaseLayer):
                                         **fprop_kwargs)
     grads = tape.gradient(metrics.loss[0], leaves,
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    # Gathers (embeddings) give IndexedSlices; optimizers and the SPMD
+    # checker take dense tensors.
+    grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
+             for g in grads]
     return metrics, per_example, theta.Pack(grads)
 
 

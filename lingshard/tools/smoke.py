@@ -8,16 +8,17 @@ Adam update of explicit theta.
 
 import time
 
-from absl import app
 from absl import flags
 import tensorflow as tf
 
+from lingshard.tools import cli
 from lingshard import model_registry
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string('model', 'toy.FFRegression', 'Registered model key.')
-flags.DEFINE_integer('steps', 20, 'Training steps to run.')
-flags.DEFINE_integer('log_every', 5, 'Print the loss every N steps.')
+# Private flag values: tools can be imported together without clashes.
+FLAGS = flags.FlagValues()
+flags.DEFINE_string('model', 'toy.FFRegression', 'Registered model key.', flag_values=FLAGS)
+flags.DEFINE_integer('steps', 20, 'Training steps to run.', flag_values=FLAGS)
+flags.DEFINE_integer('log_every', 5, 'Print the loss every N steps.', flag_values=FLAGS)
 
 
 def Run(model_key, steps, log_every=5, printer=print):
@@ -57,4 +58,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.Run(main, FLAGS)

@@ -1,0 +1,356 @@
+"""Mixture-of-Experts FFN layers: the shared base and the GShard top-2 layer.
+
+`MoELayer` is GShard's position-wise MoE FFN (Lepikhin et al. 2020, §2.2,
+Algorithm 1 gating, Algorithm 2 dispatch; no residual or layer norm: the
+Transformer layer adds those). Every MoE-family layer (noisy top-k,
+hierarchical, strictly balanced) subclasses `MoEBase` and keeps the same call:
+
+    outputs, aux = layer.FProp(theta, inputs, paddings, step=None,
+                               token_offset=0)
+
+- inputs [B, T, M] (any float dtype; computed in fprop_dtype), paddings
+  [B, T] float (1.0 = pad). Returns outputs [B, T, M] (padding rows are 0)
+  and aux = NestedMap(aux_loss=float32 scalar, metrics=NestedMap of float32
+  scalars/vectors; see routing_metrics). aux_loss is scaled per the layer's
+  documented convention (GShard: uniform routing = 1.0) and NOT multiplied by
+  the model's coefficient k.
+- The B*T tokens, row-major, are cut into G groups of S tokens (`num_groups`
+  or `group_size`); capacity is per (expert, group).
+- `step` (None = 0) and `token_offset` (global index of the first token of
+  this batch, e.g. micro-batch i of n gets i*B*T) key the counter-based
+  routing RNG, so random routing decisions do not depend on grouping,
+  sharding or micro-batching (routing_rng).
+
+Expert weights wi [E, M, H], wo [E, H, M], optional biases bi [E, H],
+bo [E, M]; activation (relu default) and dropout on the hidden activations.
+Sharding (GShard §3.2, set all at once with `SetExpertSharding`): inputs split
+on G, gating weights replicated, dispatched `[E, G, C, M]` and expert weights
+split on E over the same mesh axis. `dispatch_impl` = 'einsum' (Algorithm 2)
+or 'gather' (index-based; under a mesh it runs per group under manual
+partitioning, which needs XLA).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from lingshard.layers import base_layer
+from lingshard.layers import gating
+from lingshard.layers import linear
+from lingshard.layers import moe_dispatch
+from lingshard.layers import routing_metrics
+from lingshard.layers import routing_rng
+from lingshard.nested_map import NestedMap
+from lingshard.weight_init import WeightInit
+
+DISPATCH_IMPLS = ('einsum', 'gather')
+
+
+class MoEBase(base_layer.BaseLayer):
+  """Grouping, expert FFN, dispatch/combine and the FProp contract.
+
+  Subclasses implement `Route(theta, x_gsm, nonpad_gs, token_gs, step,
+  capacity) -> (routing, aux_loss, metrics_extra)` and `_TopK()`; see
+  `MoELayer`. REPLICATED_WEIGHTS: {gating weight name: rank}.
+  """
+
+  REPLICATED_WEIGHTS = {}
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_dim', 0, 'Model dim M.')
+    p.Define('hidden_dim', 0, 'Expert hidden dim H.')
+    p.Define('num_experts', 0, 'Number of experts E.')
+    p.Define('num_groups', None, 'Token groups G (B*T must divide by G); '
+             'set this or group_size.')
+    p.Define('group_size', None, 'Tokens per group S (alternative to '
+             'num_groups).')
+    p.Define('capacity_factor', 1.0, 'Training capacity factor cf: C = '
+             'ceil(cf * k * S / E); None = dropless (C = S).')
+    p.Define('eval_capacity_factor', 2.0, 'Capacity factor at inference; '
+             'None = dropless.')
+    p.Define('expert_capacity', None, 'Explicit C; overrides both factors.')
+    p.Define('dispatch_impl', 'gather', 'einsum (GShard Algorithm 2) | '
+             'gather (index-based, same numerics, faster on CPU).')
+    p.Define('activation', 'relu', 'Expert hidden activation.')
+    p.Define('use_bias', False, 'Expert biases bi [E, H], bo [E, M].')
+    p.Define('dropout_rate', 0.0, 'Dropout on expert hidden activations '
+             '(training only).')
+    p.Define('output_activation', 'none', 'Applied to the combined output '
+             "(Shazeer et al. App. C uses 'sigmoid').")
+    p.Define('num_position_buckets', 4, 'Buckets of the position-in-group '
+             'drop metric.')
+    for name, doc in (('wi', 'wi [E, M, H]'), ('wo', 'wo [E, H, M]'),
+                      ('bi', 'bi [E, H]'), ('bo', 'bo [E, M]')):
+      p.weight_split_dims_mapping.Define(name, None, f'Mapping of {doc}.')
+    for name, doc in (('gsm', 'inputs/outputs [G, S, M]'),
+                      ('gsec', 'combine/dispatch [G, S, E, C] (einsum)'),
+                      ('egcm', 'dispatched inputs/outputs [E, G, C, M]'),
+                      ('egch', 'expert hidden [E, G, C, H]'),
+                      ('gecm', 'expert outputs [G, E, C, M] (einsum)')):
+      p.activation_split_dims_mapping.Define(name, None, f'Mapping of {doc}.')
+    return p
+
+  @classmethod
+  def SetExpertSharding(cls, p, device_mesh, mesh_axis=0,
+                        mesh_axis_names=None):
+    """Fills every split mapping for one mesh axis (GShard §3.2).
+
+    Groups (and token tensors) split on G, dispatched/expert tensors and
+    expert weights split on E, gating weights replicated.
+    """
+    p.device_mesh = np.asarray(device_mesh)
+    if mesh_axis_names is not None:
+      p.mesh_axis_names = list(mesh_axis_names)
+    a, r = mesh_axis, -1
+    wmap = p.weight_split_dims_mapping
+    for name in ('wi', 'wo'):
+      wmap.Set(**{name: [a, r, r]})
+    for name in ('bi', 'bo'):
+      wmap.Set(**{name: [a, r]})
+    for name, rank in cls.REPLICATED_WEIGHTS.items():
+      wmap.Set(**{name: [r] * rank})
+    amap = p.activation_split_dims_mapping
+    amap.gsm = [a, r, r]
+    for name in ('gsec', 'egcm', 'egch', 'gecm'):
+      amap.Set(**{name: [a, r, r, r]})
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if p.input_dim <= 0 or p.hidden_dim <= 0 or p.num_experts <= 0:
+      raise ValueError(f'{p.name}: input_dim, hidden_dim and num_experts '
+                       f'must be > 0, got {p.input_dim}, {p.hidden_dim}, '
+                       f'{p.num_experts}')
+    if (p.num_groups is None) == (p.group_size is None):
+      raise ValueError(f'{p.name}: set exactly one of num_groups and '
+                       f'group_size, got {p.num_groups}, {p.group_size}')
+    if p.dispatch_impl not in DISPATCH_IMPLS:
+      raise ValueError(f'{p.name}: dispatch_impl must be one of '
+                       f'{DISPATCH_IMPLS}, got {p.dispatch_impl!r}')
+    if not 0.0 <= p.dropout_rate < 1.0:
+      raise ValueError(f'{p.name}: dropout_rate must be in [0, 1)')
+    self._act = linear.Activation(p.activation)
+    self._out_act = linear.Activation(p.output_activation)
+    e, m, h = p.num_experts, p.input_dim, p.hidden_dim
+    self.CreateVariable('wi', base_layer.WeightParams([e, m, h]))
+    self.CreateVariable('wo', base_layer.WeightParams([e, h, m]))
+    if p.use_bias:
+      zero = WeightInit.Constant(0.0)
+      self.CreateVariable('bi', base_layer.WeightParams([e, h], init=zero))
+      self.CreateVariable('bo', base_layer.WeightParams([e, m], init=zero))
+
+  # ------------------------------------------------------------- grouping
+  def GroupShape(self, num_tokens):
+    """(G, S) for `num_tokens` = B*T; ValueError if they do not divide."""
+    p = self.params
+    if p.num_groups is not None:
+      if p.num_groups <= 0 or num_tokens % p.num_groups:
+        raise ValueError(f'{p.name}: B*T = {num_tokens} tokens cannot be '
+                         f'split into num_groups = {p.num_groups} equal '
+                         'groups')
+      return p.num_groups, num_tokens // p.num_groups
+    if p.group_size <= 0 or num_tokens % p.group_size:
+      raise ValueError(f'{p.name}: B*T = {num_tokens} tokens cannot be '
+                       f'split into groups of group_size = {p.group_size}')
+    return num_tokens // p.group_size, p.group_size
+
+  def _TopK(self):
+    """Expert choices per token (capacity scale k)."""
+    raise NotImplementedError
+
+  def Capacity(self, group_size):
+    """C for the current mode (training / inference).
+
+    A factor of None (and no expert_capacity) means dropless: C = S, room
+    for every token in every expert (Shazeer et al. never drop).
+    """
+    p = self.params
+    cf = p.eval_capacity_factor if self.do_eval else p.capacity_factor
+    if cf is None and p.expert_capacity is None:
+      return group_size
+    return gating.ExpertCapacity(group_size, p.num_experts, cf,
+                                 p.expert_capacity, self._TopK())
+
+  # --------------------------------------------------------------- experts
+  def ExpertFn(self, theta, step):
+    """`(x_egcm, out_layout) -> y`: the E expert FFNs on their buffers.
+
+    einsums `EGCM,EMH->EGCH`, activation, dropout, then `EGCH,EHM->GECM`
+    (out_layout 'gecm', Algorithm 2) or a batched matmul to EGCM.
+    """
+    p = self.params
+    dtype = self.fprop_dtype
+    wi = tf.cast(theta.wi, dtype)
+    wo = tf.cast(theta.wo, dtype)
+
+    def Hidden(h):
+      if p.use_bias:
+        h += tf.cast(theta.bi, dtype)[:, tf.newaxis, tf.newaxis, :]
+      h = self._act(h)
+      if p.dropout_rate > 0.0 and not self.do_eval:
+        seed = tf.stack([tf.constant(self.layer_seed, tf.int64),
+                         tf.cast(0 if step is None else step, tf.int64)])
+        keep = tf.random.stateless_uniform(tf.shape(h), seed) >= p.dropout_rate
+        h = tf.where(keep, h / (1.0 - p.dropout_rate), tf.zeros_like(h))
+      return self.ShardActivation(h, 'egch')
+
+    def Fn(x_egcm, out_layout):
+      e, g, c, m = x_egcm.shape
+      if out_layout == 'gecm':
+        h = Hidden(tf.einsum('egcm,emh->egch', x_egcm, wi))
+        y = tf.einsum('egch,ehm->gecm', h, wo)
+        if p.use_bias:
+          y += tf.cast(theta.bo, dtype)[tf.newaxis, :, tf.newaxis, :]
+        return y
+      # Batched matmul over experts: [E, G*C, M] @ [E, M, H].
+      h = tf.matmul(tf.reshape(x_egcm, [e, -1, m]), wi)
+      h = Hidden(tf.reshape(h, [e, g, c, p.hidden_dim]))
+      y = tf.matmul(tf.reshape(h, [e, -1, p.hidden_dim]), wo)
+      if p.use_bias:
+        y += tf.cast(theta.bo, dtype)[:, tf.newaxis, :]
+      return tf.reshape(y, [e, g, c, m])
+
+    return Fn
+
+  def _Manual(self, num_groups):
+    """Manual-partitioning spec of the gather dispatch, or None."""
+    p = self.params
+    mapping = p.activation_split_dims_mapping.gsm
+    if p.device_mesh is None or mapping is None:
+      return None
+    axis = mapping[0]
+    if axis is None or axis == -1:
+      return None
+    mesh = np.asarray(p.device_mesh)
+    axis_idx = (list(p.mesh_axis_names).index(axis) if isinstance(axis, str)
+                else int(axis))
+    if num_groups % mesh.shape[axis_idx]:
+      raise ValueError(f'{p.name}: num_groups = {num_groups} must be a '
+                       f'multiple of the mesh axis size '
+                       f'{mesh.shape[axis_idx]} to split groups over it')
+    return NestedMap(device_mesh=mesh, mesh_axis_names=p.mesh_axis_names,
+                     group_axis=axis)
+
+  # ------------------------------------------------------------------ fprop
+  def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
+    raise NotImplementedError(f'{type(self).__name__}.Route')
+
+  def _Grouped(self, inputs, paddings, token_offset):
+    """[B, T, M] -> x_gsm (annotated), nonpad_gs, token_gs, (B, T, M)."""
+    p = self.params
+    inputs = tf.convert_to_tensor(inputs)
+    if inputs.shape.rank != 3 or not inputs.shape.is_fully_defined():
+      raise ValueError(f'{p.name}: inputs must be a static [B, T, M] tensor, '
+                       f'got shape {inputs.shape}')
+    b, t, m = inputs.shape
+    if m != p.input_dim:
+      raise ValueError(f'{p.name}: inputs last dim {m} != input_dim '
+                       f'{p.input_dim}')
+    g, s = self.GroupShape(b * t)
+    x_gsm = self.ShardActivation(
+        tf.reshape(tf.cast(inputs, self.fprop_dtype), [g, s, m]), 'gsm')
+    paddings = tf.convert_to_tensor(paddings)
+    nonpad_gs = 1.0 - tf.reshape(tf.cast(paddings, tf.float32), [g, s])
+    token_gs = tf.reshape(routing_rng.GlobalTokenIndex([b, t], token_offset),
+                          [g, s])
+    return x_gsm, nonpad_gs, token_gs, (b, t, m)
+
+  def ComputeRouting(self, theta, inputs, paddings, step=None,
+                     token_offset=0):
+    """(routing, aux_loss, extra) of FProp's inputs, [G, S, ...] tensors."""
+    x_gsm, nonpad_gs, token_gs, _ = self._Grouped(inputs, paddings,
+                                                  token_offset)
+    return self.Route(theta, x_gsm, nonpad_gs, token_gs, step,
+                      self.Capacity(x_gsm.shape[1]))
+
+  def FProp(self, theta, inputs, paddings, step=None, token_offset=0):
+    """inputs [B, T, M], paddings [B, T] -> (outputs [B, T, M], aux)."""
+    p = self.params
+    x_gsm, nonpad_gs, token_gs, (b, t, m) = self._Grouped(inputs, paddings,
+                                                          token_offset)
+    g, s = x_gsm.shape[0], x_gsm.shape[1]
+    capacity = self.Capacity(s)
+    routing, aux_loss, extra = self.Route(theta, x_gsm, nonpad_gs, token_gs,
+                                          step, capacity)
+    expert_fn = self.ExpertFn(theta, step)
+    shard = self.ShardActivation
+    if p.dispatch_impl == 'einsum':
+      out_gsm = moe_dispatch.EinsumMoE(x_gsm, routing, expert_fn,
+                                       p.num_experts, capacity, shard)
+    else:
+      out_gsm = moe_dispatch.GatherMoE(x_gsm, routing, expert_fn,
+                                       p.num_experts, capacity, shard,
+                                       self._Manual(g))
+    if p.output_activation != 'none':
+      out_gsm = self._out_act(out_gsm) * tf.cast(nonpad_gs, out_gsm.dtype)[
+          ..., tf.newaxis]
+    metrics = routing_metrics.RoutingMetrics(
+        routing, nonpad_gs, p.num_experts,
+        importance_e=extra.pop('importance_e', None),
+        load_e=extra.pop('load_e', None),
+        num_position_buckets=p.num_position_buckets)
+    metrics.aux_loss = aux_loss
+    metrics.capacity = tf.constant(float(capacity))
+    for key, value in extra.items():
+      metrics[key] = tf.cast(value, tf.float32)
+    outputs = tf.reshape(out_gsm, [b, t, m])
+    return outputs, NestedMap(aux_loss=aux_loss, metrics=metrics)
+
+
+class MoELayer(MoEBase):
+  """GShard top-2 MoE FFN (§2.2, Algorithm 1 gating; see gating.py).
+
+  aux.aux_loss = E^2 * mean_e (c_e/S) m_e averaged over groups: 1.0 for
+  perfectly uniform routing (gating.py); the model adds k * aux_loss.
+  """
+
+  REPLICATED_WEIGHTS = {'wg': 2}
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('second_expert_policy', 'all', 'all | random (Algorithm 1 '
+             'line 19) | sampling (Gumbel-sampled second expert).')
+    p.Define('renormalize_after_drop', False, 'Renormalise the kept '
+             'weights of a token after drops (paper: False).')
+    p.Define('rejected_second_takes_slot', True, 'Algorithm 1 line 22 as '
+             'written: a second choice rejected by the random policy still '
+             'advances the expert counter.')
+    p.weight_split_dims_mapping.Define('wg', None, 'Mapping of wg [M, E] '
+                                       '(replicated).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if p.second_expert_policy not in gating.SECOND_EXPERT_POLICIES:
+      raise ValueError(f'{p.name}: second_expert_policy must be one of '
+                       f'{gating.SECOND_EXPERT_POLICIES}, got '
+                       f'{p.second_expert_policy!r}')
+    self.CreateVariable('wg', base_layer.WeightParams(
+        [p.input_dim, p.num_experts]))
+
+  def _TopK(self):
+    return 2
+
+  def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
+    """Gates in float32 (einsum `GSM,ME->GSE`), then Top2Gating."""
+    p = self.params
+    logits_gse = tf.einsum('gsm,me->gse', tf.cast(x_gsm, tf.float32),
+                           tf.cast(theta.wg, tf.float32))
+    uniform_gs = gumbel_gse = None
+    if p.second_expert_policy == 'random':
+      uniform_gs = routing_rng.TokenUniform(
+          self.layer_seed, routing_rng.STREAM_SECOND_EXPERT, step, token_gs)
+    elif p.second_expert_policy == 'sampling':
+      gumbel_gse = routing_rng.TokenGumbel(
+          self.layer_seed, routing_rng.STREAM_GUMBEL, step, token_gs,
+          p.num_experts)
+    routing = gating.Top2Gating(
+        logits_gse, nonpad_gs, capacity, p.second_expert_policy,
+        uniform_gs=uniform_gs, gumbel_gse=gumbel_gse,
+        renormalize_after_drop=p.renormalize_after_drop,
+        rejected_second_takes_slot=p.rejected_second_takes_slot)
+    return routing, routing.aux_loss, NestedMap()

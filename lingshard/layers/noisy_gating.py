@@ -1,0 +1,191 @@
+"""Noisy top-k gating and its MoE layer (Shazeer et al. 2017, §2.1, §4, App. A).
+
+  H(x)_i = (x Wg)_i + StandardNormal() * Softplus((x Wnoise)_i)      eq. (4)
+  G(x) = Softmax(KeepTopK(H(x), k))                                  eq. (3)
+  Importance(X) = sum_x G(x);  L_importance = w_imp * CV(Importance)^2  (6, 7)
+  P(x, i) = Phi(((x Wg)_i - kth_excluding(H(x), k, i)) / Softplus(...)_i) (9)
+  Load(X)_i = sum_x P(x, i);   L_load = w_load * CV(Load)^2          (10, 11)
+
+kth_excluding(H, k, i) is the (k+1)-th largest of H when i is in the top k,
+else the k-th largest. Wg and Wnoise start at zero (App. A, "Initial Load
+Imbalance"). Noise is added in training only; at inference G uses x Wg and
+Load falls back to the count of tokens per expert. Sums run over real
+(non-padding) tokens of the whole batch. The StandardNormal() draws come from
+the counter-based routing RNG (routing_rng), one per (token, expert).
+
+The layer (`NoisyTopKMoELayer`) dispatches each token to its k experts with
+the shared dispatch code. Shazeer et al. never drop tokens: the default
+capacity_factor None gives C = S (dropless); set a factor to bound buffers
+GShard-style (choices queue rank-major, as in GShard Algorithm 1).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from lingshard.layers import base_layer
+from lingshard.layers import gating
+from lingshard.layers import moe
+from lingshard.layers import moe_dispatch
+from lingshard.layers import routing_metrics
+from lingshard.layers import routing_rng
+from lingshard.nested_map import NestedMap
+from lingshard.weight_init import WeightInit
+
+
+def _NormalCdf(z):
+  """Phi, the standard normal CDF."""
+  return 0.5 * tf.math.erfc(-z / np.sqrt(2.0))
+
+
+def LoadProbability(clean_xe, noisy_xe, noise_std_xe, k):
+  """P(x, i) of App. A eq. (9) for every expert i (float32, [..., E]).
+
+  Args:
+    clean_xe: (x Wg), [..., E].
+    noisy_xe: H(x), [..., E] (same draws as used for routing).
+    noise_std_xe: Softplus(x Wnoise) (+ epsilon), [..., E], > 0.
+    k: experts kept per token.
+  """
+  num_experts = clean_xe.shape[-1]
+  if k >= num_experts:
+    return tf.ones_like(clean_xe)
+  _, top_idx = tf.math.top_k(tf.stop_gradient(noisy_xe), k=k + 1)
+  top_vals = gating.TakeByIndex(noisy_xe, top_idx)
+  thresh_if_in = top_vals[..., k:k + 1]       # (k+1)-th largest.
+  thresh_if_out = top_vals[..., k - 1:k]      # k-th largest.
+  is_in = noisy_xe > thresh_if_in
+  prob_if_in = _NormalCdf((clean_xe - thresh_if_in) / noise_std_xe)
+  prob_if_out = _NormalCdf((clean_xe - thresh_if_out) / noise_std_xe)
+  return tf.where(is_in, prob_if_in, prob_if_out)
+
+
+def NoisyTopK(clean_xe, k, noise_std_xe=None, normal_xe=None):
+  """Eqs. (3)-(5): top-k of H(x) then softmax over the kept values.
+
+  Returns NestedMap(noisy_xe, expert_xk, gate_xk (softmax over the k kept),
+  gates_xe (dense G(x), zeros off the top k), prob_xe (P(x, i), or None
+  without noise)).
+  """
+  clean_xe = tf.cast(clean_xe, tf.float32)
+  num_experts = clean_xe.shape[-1]
+  if not 1 <= k <= num_experts:
+    raise ValueError(f'top-k needs 1 <= k <= E, got k={k}, E={num_experts}')
+  if noise_std_xe is not None:
+    noisy_xe = clean_xe + normal_xe * noise_std_xe
+  else:
+    noisy_xe = clean_xe
+  _, top_idx = tf.math.top_k(tf.stop_gradient(noisy_xe), k=k)
+  top_vals = gating.TakeByIndex(noisy_xe, top_idx)
+  gate_xk = tf.nn.softmax(top_vals, axis=-1)
+  gates_xe = tf.einsum('...k,...ke->...e', gate_xk,
+                       tf.one_hot(top_idx, num_experts, dtype=tf.float32))
+  prob_xe = None
+  if noise_std_xe is not None:
+    prob_xe = LoadProbability(clean_xe, noisy_xe, noise_std_xe, k)
+  return NestedMap(noisy_xe=noisy_xe, expert_xk=top_idx, gate_xk=gate_xk,
+                   gates_xe=gates_xe, prob_xe=prob_xe)
+
+
+def SumOverTokens(v_gse, nonpad_gs):
+  """sum over real tokens: [G, S, ...] -> [...]."""
+  mask = tf.reshape(tf.cast(nonpad_gs, tf.float32),
+                    nonpad_gs.shape.as_list() + [1] * (v_gse.shape.rank - 2))
+  return tf.reduce_sum(v_gse * mask, axis=[0, 1])
+
+
+def NoisyRouting(gating_out, nonpad_gs, capacity, num_experts,
+                 renormalize_after_drop=False):
+  """Token-choice routing (moe_dispatch) from NoisyTopK outputs."""
+  nonpad_b = tf.cast(nonpad_gs, tf.float32) > 0
+  expert_gsk = gating_out.expert_xk
+  wanted_gsk = tf.broadcast_to(nonpad_b[..., tf.newaxis],
+                               tf.shape(expert_gsk))
+  position_gsk = moe_dispatch.RankMajorPositions(expert_gsk, wanted_gsk,
+                                                 num_experts)
+  dispatched_gsk = wanted_gsk & (position_gsk < capacity)
+  weight_gsk = gating_out.gate_xk * tf.cast(dispatched_gsk, tf.float32)
+  if renormalize_after_drop:
+    weight_gsk = tf.math.divide_no_nan(
+        weight_gsk, tf.reduce_sum(weight_gsk, axis=-1, keepdims=True))
+  return NestedMap(expert_gsk=expert_gsk, gate_gsk=gating_out.gate_xk,
+                   wanted_gsk=wanted_gsk, position_gsk=position_gsk,
+                   dispatched_gsk=dispatched_gsk, weight_gsk=weight_gsk)
+
+
+class NoisyTopKMoELayer(moe.MoEBase):
+  """Sparsely-gated MoE with noisy top-k gating (Shazeer et al. 2017).
+
+  aux.aux_loss = L_importance + L_load = w_importance * CV(Importance)^2 +
+  w_load * CV(Load)^2 (eqs. 7, 11; App. C uses w = 0.1). In inference only
+  L_importance is defined (no noise): aux_loss then omits L_load. Also the
+  LM layer of App. C: inputs [B, T, M] from an LSTM, k = 4,
+  output_activation 'sigmoid'.
+  """
+
+  REPLICATED_WEIGHTS = {'wg': 2, 'w_noise': 2}
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.capacity_factor = None
+    p.eval_capacity_factor = None
+    p.Define('num_experts_per_token', 2, 'k of noisy top-k.')
+    p.Define('noisy_gating', True, 'Add the eq. (4) noise in training.')
+    p.Define('noise_epsilon', 0.0, 'Added to Softplus(x Wnoise) (paper: 0; '
+             "the authors' code uses 1e-2).")
+    p.Define('w_importance', 0.1, 'w_importance of eq. (7).')
+    p.Define('w_load', 0.1, 'w_load of eq. (11).')
+    p.Define('renormalize_after_drop', False, 'Renormalise kept weights '
+             'after capacity drops.')
+    p.weight_split_dims_mapping.Define('wg', None, 'Mapping of Wg [M, E].')
+    p.weight_split_dims_mapping.Define('w_noise', None,
+                                       'Mapping of Wnoise [M, E].')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if not 1 <= p.num_experts_per_token <= p.num_experts:
+      raise ValueError(f'{p.name}: num_experts_per_token must be in [1, '
+                       f'{p.num_experts}], got {p.num_experts_per_token}')
+    zero = WeightInit.Constant(0.0)
+    shape = [p.input_dim, p.num_experts]
+    self.CreateVariable('wg', base_layer.WeightParams(shape, init=zero))
+    self.CreateVariable('w_noise', base_layer.WeightParams(shape, init=zero))
+
+  def _TopK(self):
+    return self.params.num_experts_per_token
+
+  def Gate(self, theta, x_gsm, token_gs, step):
+    """NoisyTopK on [G, S, M] inputs (float32), noise in training only."""
+    p = self.params
+    x = tf.cast(x_gsm, tf.float32)
+    clean_gse = tf.einsum('gsm,me->gse', x, tf.cast(theta.wg, tf.float32))
+    std_gse = normal_gse = None
+    if p.noisy_gating and not self.do_eval:
+      std_gse = tf.nn.softplus(tf.einsum(
+          'gsm,me->gse', x, tf.cast(theta.w_noise, tf.float32)))
+      std_gse += p.noise_epsilon
+      normal_gse = routing_rng.TokenNormal(
+          self.layer_seed, routing_rng.STREAM_NOISE, step, token_gs,
+          p.num_experts)
+    return NoisyTopK(clean_gse, p.num_experts_per_token, std_gse, normal_gse)
+
+  def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
+    p = self.params
+    out = self.Gate(theta, x_gsm, token_gs, step)
+    routing = NoisyRouting(out, nonpad_gs, capacity, p.num_experts,
+                           p.renormalize_after_drop)
+    importance_e = SumOverTokens(out.gates_xe, nonpad_gs)
+    if out.prob_xe is not None:
+      load_e = SumOverTokens(out.prob_xe, nonpad_gs)
+    else:
+      load_e = SumOverTokens(tf.cast(out.gates_xe > 0, tf.float32), nonpad_gs)
+    importance_loss = p.w_importance * routing_metrics.CVSquared(importance_e)
+    load_loss = p.w_load * routing_metrics.CVSquared(load_e)
+    aux_loss = importance_loss
+    if out.prob_xe is not None:
+      aux_loss += load_loss
+    extra = NestedMap(importance_e=importance_e, load_e=load_e,
+                      importance_loss=importance_loss, load_loss=load_loss)
+    return routing, aux_loss, extra

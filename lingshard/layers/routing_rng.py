@@ -1,0 +1,127 @@
+"""Counter-based routing randomness keyed by (seed, step, layer, token).
+
+MoE routing draws random numbers per token: the uniform `rnd` of GShard
+Algorithm 1 line 17 (random second expert), Gumbel noise for the `sampling`
+second-expert policy and the StandardNormal() of Shazeer et al. eq. (4). A
+draw must be a function of *which* token it is, not of where the token sits:
+the same token gets the same decision whether the batch is split into G=4 or
+G=2 groups, sharded over devices or cut into pipeline micro-batches. Stateful
+RNGs and `tf.random.stateless_*` with one seed per call cannot give that (they
+number draws by position in the tensor), so every draw here is a pure integer
+hash of
+
+    (layer_seed, stream, step, global token index, sub index)
+
+computed with uint32 ops (wrap-around multiply, xor, shift). The same
+integers give bit-identical draws on every backend (TF CPU kernels and XLA),
+inside or outside tf.function, whatever the tensor's shape.
+
+The mixer is `lowbias32` (C. Wellons, "Hash function prospector", 2018), a
+bijective 32-bit finaliser with low avalanche bias; keys are absorbed one
+32-bit word at a time (`h = mix(h ^ word)`), like a tiny sponge.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+# Stream ids: independent sequences for independent uses in one layer.
+STREAM_SECOND_EXPERT = 1      # GShard Algorithm 1 line 17, `random` policy.
+STREAM_GUMBEL = 2             # `sampling` second-expert policy.
+STREAM_NOISE = 3              # Shazeer eq. (4) StandardNormal().
+STREAM_NOISE_SECONDARY = 4    # Hierarchical MoE secondary gates.
+
+_M1 = 0x21F0AAAD
+_M2 = 0x735A2D97
+_INIT = 0x9E3779B9  # Golden-ratio constant: a non-zero starting state.
+
+
+def _U32(x):
+  return tf.cast(x, tf.uint32)
+
+
+def _Mix(h):
+  """lowbias32: x ^= x>>16; x *= M1; x ^= x>>15; x *= M2; x ^= x>>15."""
+  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(16)))
+  h = h * _U32(_M1)
+  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(15)))
+  h = h * _U32(_M2)
+  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(15)))
+  return h
+
+
+def _Absorb(h, word_u32):
+  return _Mix(tf.bitwise.bitwise_xor(h, word_u32))
+
+
+def _Split64(x):
+  """(low, high) uint32 words of an int64 tensor (two's complement)."""
+  x = tf.cast(x, tf.int64)
+  lo = tf.cast(tf.bitwise.bitwise_and(x, tf.constant(0xFFFFFFFF, tf.int64)),
+               tf.uint32)
+  hi = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(
+      x, tf.constant(32, tf.int64)), tf.constant(0xFFFFFFFF, tf.int64)),
+               tf.uint32)
+  return lo, hi
+
+
+def KeyHash(layer_seed, stream, step):
+  """The uint32 scalar state after absorbing (layer_seed, stream, step)."""
+  if step is None:
+    step = 0
+  h = _Mix(_U32(np.uint32(_INIT ^ (int(layer_seed) & 0xFFFFFFFF))))
+  h = _Absorb(h, _U32(np.uint32(int(stream) & 0xFFFFFFFF)))
+  lo, hi = _Split64(tf.convert_to_tensor(step))
+  return _Absorb(_Absorb(h, lo), hi)
+
+
+def TokenHash(layer_seed, stream, step, token_index, num_sub=None):
+  """uint32 hash per token (and per sub index 0..num_sub-1 if given).
+
+  Args:
+    layer_seed: python int, the layer's seed (`BaseLayer.layer_seed`).
+    stream: python int, one of the STREAM_* ids.
+    step: None (= 0), python int or int scalar tensor (the training step).
+    token_index: int tensor [...] of GLOBAL token indices.
+    num_sub: None, or the size of a trailing sub index (e.g. experts).
+
+  Returns:
+    uint32 tensor [...] or [..., num_sub].
+  """
+  h = KeyHash(layer_seed, stream, step)
+  lo, hi = _Split64(token_index)
+  h = _Absorb(_Absorb(h, lo), hi)
+  if num_sub is not None:
+    sub = tf.cast(tf.range(num_sub, dtype=tf.int32), tf.uint32)
+    h = _Absorb(h[..., tf.newaxis], sub)
+  return h
+
+
+def HashToUniform(h):
+  """uint32 -> float32 in the open interval (0, 1): (top 24 bits + .5)/2^24."""
+  top = tf.cast(tf.bitwise.right_shift(h, _U32(8)), tf.float32)
+  return (top + 0.5) * np.float32(2.0**-24)
+
+
+def TokenUniform(layer_seed, stream, step, token_index, num_sub=None):
+  """U(0, 1) draws, a pure function of (seed, stream, step, token, sub)."""
+  return HashToUniform(TokenHash(layer_seed, stream, step, token_index,
+                                 num_sub))
+
+
+def TokenGumbel(layer_seed, stream, step, token_index, num_sub=None):
+  """Standard Gumbel draws: -log(-log(u))."""
+  u = TokenUniform(layer_seed, stream, step, token_index, num_sub)
+  return -tf.math.log(-tf.math.log(u))
+
+
+def TokenNormal(layer_seed, stream, step, token_index, num_sub=None):
+  """Standard normal draws by inverse CDF: ndtri(u), |z| <= ~5.3."""
+  u = TokenUniform(layer_seed, stream, step, token_index, num_sub)
+  return tf.math.ndtri(u)
+
+
+def GlobalTokenIndex(batch_shape, token_offset=0):
+  """int64 [B, T] global indices `token_offset + b*T + t` (row-major)."""
+  b, t = batch_shape
+  offset = tf.cast(token_offset, tf.int64)
+  return offset + tf.reshape(tf.range(b * t, dtype=tf.int64), [b, t])

@@ -1,0 +1,286 @@
+"""Transformer encoder/decoder layers and the stack that places MoE layers.
+
+A Transformer encoder layer is a self-attention sublayer and a feed-forward
+sublayer; a decoder layer adds cross-attention over the encoder output
+between them (GShard §2.1). Each sublayer is wrapped with a residual
+connection, residual dropout and layer norm:
+
+  pre-norm (default):  x + dropout(f(LN(x)))      (plus a final LN per stack)
+  post-norm:           LN(x + dropout(f(x)))      (Vaswani et al. 2017)
+
+GShard §2.1 / Figure 3(b): MoE layers replace every other feed-forward
+layer; `TransformerStack.Params().moe_layers` lists the layer indices whose
+FFN is an MoE layer (None = every other one: 1, 3, 5, ...). The MoE layer
+does the FFN only; its aux loss and metrics come back per layer.
+
+Einsum letters: b batch, t target/query position, s source/key position,
+m model dim, q new tokens of an incremental step.
+"""
+
+import tensorflow as tf
+
+from lingshard.layers import attention
+from lingshard.layers import base_layer
+from lingshard.layers import dropout
+from lingshard.layers import ffn
+from lingshard.layers import layer_norm
+from lingshard.nested_map import NestedMap
+
+NORM_POLICIES = ('pre', 'post')
+
+
+def _DefineShape(p):
+  """Params shared by a Transformer layer and a stack of them."""
+  p.Define('model_dim', 0, 'Model dim M.')
+  p.Define('hidden_dim', 0, 'FFN (and MoE expert) hidden dim H.')
+  p.Define('num_heads', 0, 'Attention heads N.')
+  p.Define('dim_per_head', 0, 'Attention key/value dim per head.')
+  p.Define('is_decoder', False,
+           'Causal self-attention plus cross-attention over the encoder.')
+  p.Define('norm_policy', 'pre', 'pre | post layer norm.')
+  p.Define('ln_epsilon', 1e-6, 'Layer norm epsilon.')
+  p.Define('residual_dropout_prob', 0.0, 'Dropout on each sublayer output.')
+  p.Define('atten_dropout_prob', 0.0, 'Dropout on attention probs.')
+  p.Define('relu_dropout_prob', 0.0, 'Dropout on FFN hidden units.')
+
+
+_SHAPE_KEYS = ('model_dim', 'hidden_dim', 'num_heads', 'dim_per_head',
+               'is_decoder', 'norm_policy', 'ln_epsilon',
+               'residual_dropout_prob', 'atten_dropout_prob',
+               'relu_dropout_prob')
+
+
+class TransformerLayer(base_layer.BaseLayer):
+  """One encoder or decoder layer; its FFN is dense or an MoE layer."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    _DefineShape(p)
+    p.Define('moe_tpl', None,
+             'MoE layer params for the FFN (input_dim/hidden_dim are set '
+             'from model_dim/hidden_dim); None = dense FFN.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if p.norm_policy not in NORM_POLICIES:
+      raise ValueError(f'{p.name}: norm_policy must be one of '
+                       f'{NORM_POLICIES}, got {p.norm_policy!r}')
+    ln = layer_norm.LayerNorm.Params().Set(input_dim=p.model_dim,
+                                           epsilon=p.ln_epsilon)
+    drop = dropout.DropoutLayer.Params().Set(
+        dropout_prob=p.residual_dropout_prob)
+    atten = attention.MultiHeadAttention.Params().Set(
+        input_dim=p.model_dim, num_heads=p.num_heads,
+        dim_per_head=p.dim_per_head,
+        atten_dropout_prob=p.atten_dropout_prob)
+    sublayers = ['self_atten'] + (['cross_atten'] if p.is_decoder else [])
+    for name in sublayers:
+      self.CreateChild(name, atten)
+      self.CreateChild(f'{name}_ln', ln)
+      self.CreateChild(f'{name}_dropout', drop)
+    if p.moe_tpl is None:
+      self.CreateChild('ffn', ffn.FeedForward.Params().Set(
+          input_dim=p.model_dim, hidden_dim=p.hidden_dim,
+          activation_dropout_prob=p.relu_dropout_prob))
+    else:
+      self.CreateChild('moe', p.moe_tpl.Copy().Set(
+          input_dim=p.model_dim, hidden_dim=p.hidden_dim))
+    self.CreateChild('ffn_ln', ln)
+    self.CreateChild('ffn_dropout', drop)
+
+  @property
+  def is_moe(self):
+    return self.params.moe_tpl is not None
+
+  def _Sublayer(self, theta, name, x_btm, fn, step):
+    """Residual + dropout + layer norm around `fn` (see module docstring)."""
+    ln, drop = getattr(self, f'{name}_ln'), getattr(self, f'{name}_dropout')
+    ln_theta, drop_theta = theta[f'{name}_ln'], theta[f'{name}_dropout']
+    if self.params.norm_policy == 'pre':
+      y = fn(ln.FProp(ln_theta, x_btm))
+      return x_btm + drop.FProp(drop_theta, y, step=step)
+    y = fn(x_btm)
+    return ln.FProp(ln_theta, x_btm + drop.FProp(drop_theta, y, step=step))
+
+  def _Ffn(self, theta, x_btm, paddings_bt, step, token_offset):
+    """The FFN sublayer; returns (out, aux or None)."""
+    aux = []
+
+    def Fn(h_btm):
+      if not self.is_moe:
+        return self.ffn.FProp(theta.ffn, h_btm, step=step)
+      out, moe_aux = self.moe.FProp(theta.moe, h_btm, paddings_bt, step=step,
+                                    token_offset=token_offset)
+      aux.append(moe_aux)
+      return out
+
+    out = self._Sublayer(theta, 'ffn', x_btm, Fn, step)
+    return out, (aux[0] if aux else None)
+
+  def FProp(self, theta, inputs_btm, paddings_bt, aux_bsm=None,
+            aux_paddings_bs=None, step=None, token_offset=0):
+    """One layer over a whole sequence.
+
+    Args:
+      theta: weights.
+      inputs_btm: [B, T, M].
+      paddings_bt: [B, T] float, 1.0 = padding.
+      aux_bsm: encoder output [B, S, M] (decoder only).
+      aux_paddings_bs: encoder paddings [B, S] (decoder only).
+      step: int scalar: dropout masks and MoE routing randomness.
+      token_offset: global index of this batch's first token, for the MoE
+        layer's counter-based routing randomness (e.g. micro-batch i of a
+        pipeline passes i * B * T).
+
+    Returns:
+      (outputs [B, T, M], MoE aux NestedMap(aux_loss, metrics) or None).
+    """
+    p = self.params
+    x = self._Sublayer(
+        theta, 'self_atten', inputs_btm,
+        lambda h: self.self_atten.FProp(theta.self_atten, h,
+                                        key_paddings_bs=paddings_bt,
+                                        causal=p.is_decoder, step=step),
+        step)
+    if p.is_decoder:
+      if aux_bsm is None:
+        raise ValueError(f'{p.name}: a decoder layer needs aux_bsm')
+      x = self._Sublayer(
+          theta, 'cross_atten', x,
+          lambda h: self.cross_atten.FProp(theta.cross_atten, h, aux_bsm,
+                                           aux_paddings_bs, step=step),
+          step)
+    return self._Ffn(theta, x, paddings_bt, step, token_offset)
+
+  def ExtendStep(self, theta, inputs_bqm, cache, positions_q, self_mask_bqs,
+                 cross_kv, cross_mask_bqs):
+    """Incremental decoding of Q new tokens per row (inference only).
+
+    Args:
+      theta: weights.
+      inputs_bqm: [B, Q, M] the new tokens' inputs.
+      cache: NestedMap(k, v) [B, S, N, H] of this layer's self-attention.
+      positions_q: [Q] cache positions of the new tokens.
+      self_mask_bqs: [B, Q, S] self-attention mask over the cache.
+      cross_kv: NestedMap(k, v) [B, S_src, N, H] projected encoder output.
+      cross_mask_bqs: [B, Q, S_src] cross-attention mask.
+
+    Returns:
+      (outputs [B, Q, M], updated cache).
+    """
+    new_cache = []
+
+    def SelfFn(h):
+      out, c = self.self_atten.ExtendStep(theta.self_atten, h, cache,
+                                          positions_q, self_mask_bqs)
+      new_cache.append(c)
+      return out
+
+    x = self._Sublayer(theta, 'self_atten', inputs_bqm, SelfFn, None)
+    x = self._Sublayer(
+        theta, 'cross_atten', x,
+        lambda h: self.cross_atten.Attend(theta.cross_atten, h, cross_kv,
+                                          cross_mask_bqs),
+        None)
+    paddings_bq = tf.zeros(tf.shape(x)[:2], tf.float32)
+    out, _ = self._Ffn(theta, x, paddings_bq, None, 0)
+    return out, new_cache[0]
+
+
+class TransformerStack(base_layer.BaseLayer):
+  """`num_layers` Transformer layers; `moe_layers` say which FFNs are MoE."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    _DefineShape(p)
+    p.Define('num_layers', 0, 'Number of Transformer layers.')
+    p.Define('moe_tpl', None, 'MoE layer params; None = every FFN dense.')
+    p.Define('moe_layers', None,
+             'Indices of the layers whose FFN is MoE; None = every other '
+             'layer (1, 3, 5, ...; GShard §2.1) when moe_tpl is set.')
+    return p
+
+  @staticmethod
+  def MoeLayerIndices(p):
+    """Sorted indices of the MoE layers that params `p` describe."""
+    if p.moe_tpl is None:
+      if p.moe_layers:
+        raise ValueError(f'{p.name}: moe_layers {p.moe_layers} given but '
+                         'moe_tpl is None')
+      return []
+    if p.moe_layers is None:
+      return list(range(1, p.num_layers, 2))
+    indices = sorted(set(int(i) for i in p.moe_layers))
+    if indices and not 0 <= indices[0] <= indices[-1] < p.num_layers:
+      raise ValueError(f'{p.name}: moe_layers {p.moe_layers} out of range '
+                       f'for {p.num_layers} layers')
+    return indices
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    if p.num_layers <= 0:
+      raise ValueError(f'{p.name}: num_layers must be > 0')
+    moe = set(self.MoeLayerIndices(p))
+    layers = []
+    for i in range(p.num_layers):
+      lp = TransformerLayer.Params()
+      for key in _SHAPE_KEYS:
+        lp.Set(**{key: p.Get(key)})
+      lp.moe_tpl = p.moe_tpl if i in moe else None
+      layers.append(lp)
+    self.CreateChildren('layer', layers)
+    if p.norm_policy == 'pre':
+      self.CreateChild('final_ln', layer_norm.LayerNorm.Params().Set(
+          input_dim=p.model_dim, epsilon=p.ln_epsilon))
+
+  def _FinalNorm(self, theta, x):
+    if self.params.norm_policy == 'pre':
+      return self.final_ln.FProp(theta.final_ln, x)
+    return x
+
+  def FProp(self, theta, inputs_btm, paddings_bt, aux_bsm=None,
+            aux_paddings_bs=None, step=None, token_offset=0):
+    """All layers; returns (outputs [B, T, M], {layer_xxx: MoE aux}).
+
+    Arguments as `TransformerLayer.FProp`.
+    """
+    x = inputs_btm
+    moe_aux = NestedMap()
+    for i, (layer, layer_theta) in enumerate(zip(self.layer, theta.layer)):
+      x, aux = layer.FProp(layer_theta, x, paddings_bt, aux_bsm,
+                           aux_paddings_bs, step=step,
+                           token_offset=token_offset)
+      if aux is not None:
+        moe_aux[f'layer_{i:03d}'] = aux
+    return self._FinalNorm(theta, x), moe_aux
+
+  # ---------------------------------------------------- incremental decoding
+  def InitCache(self, batch_size, max_len):
+    """Per-layer zero self-attention caches [B, S=max_len, N, H]."""
+    return [layer.self_atten.InitCache(batch_size, max_len)
+            for layer in self.layer]
+
+  def CrossKeyValues(self, theta, aux_bsm):
+    """Per-layer projected encoder keys/values (computed once per decode)."""
+    return [layer.cross_atten.ProjectKeyValue(lt.cross_atten, aux_bsm)
+            for layer, lt in zip(self.layer, theta.layer)]
+
+  def ExtendStep(self, theta, inputs_bqm, caches, positions_q, self_mask_bqs,
+                 cross_kvs, cross_mask_bqs):
+    """Q new tokens through every decoder layer; returns (out, caches)."""
+    if not self.params.is_decoder:
+      raise ValueError('ExtendStep is for decoder stacks')
+    x = inputs_bqm
+    new_caches = []
+    for layer, lt, cache, kv in zip(self.layer, theta.layer, caches,
+                                    cross_kvs):
+      x, cache = layer.ExtendStep(lt, x, cache, positions_q, self_mask_bqs,
+                                  kv, cross_mask_bqs)
+      new_caches.append(cache)
+    return self._FinalNorm(theta, x), new_caches
+

@@ -1,0 +1,84 @@
+"""Prove a model's sharding annotations on N virtual CPU devices.
+
+  python -m lingshard.tools.spmd_check --model=toy.FFRegression --mesh=8
+  python -m lingshard.tools.spmd_check --model=m4.TinyMoE --mesh=2,4 \\
+      --expect=only:all-to-all,all-reduce --expect='no-all-gather:wi|wo'
+
+Builds the model's XLA-compiled train step (loss and gradients), partitions
+it with XLA's SPMD partitioner for prod(mesh) devices, runs it on that many
+virtual host CPU devices, compares with the single-device TF run and prints
+the report (parity, collectives, per-device FLOPs and memory, compile
+time). Exit status 1 on a mismatch or a failed --expect rule; bad input
+(unknown model, a mesh the devices cannot hold, jaxlib missing) prints one
+line and exits 1. See lingshard/spmd/expect.py for the rule syntax.
+"""
+
+import sys
+
+from absl import app
+from absl import flags
+
+from lingshard.tools import cli
+
+# Private flag values: tools can be imported together without clashes.
+FLAGS = flags.FlagValues()
+flags.DEFINE_string('model', None,
+                    'Registered model key, e.g. toy.FFRegression.', flag_values=FLAGS)
+flags.DEFINE_string('mesh', '8', 'Device mesh shape, comma separated (2,4).', flag_values=FLAGS)
+flags.DEFINE_multi_string('expect', [], 'Communication rule (repeatable), '
+                          'e.g. only:all-to-all,all-reduce or '
+                          'no-all-gather:wi|wo.', flag_values=FLAGS)
+flags.DEFINE_string('dataset', 'Train', 'Train | Dev | Test input params.', flag_values=FLAGS)
+flags.DEFINE_integer('step', 0, 'Value of the `step` fprop kwarg.', flag_values=FLAGS)
+flags.DEFINE_bool('split_batch', True, 'Split dim 0 of every batch tensor '
+                  'over mesh axis 0 (data parallel inputs).', flag_values=FLAGS)
+flags.DEFINE_float('rtol', None, 'Override the per-dtype relative tolerance.', flag_values=FLAGS)
+flags.DEFINE_bool('print_hlo', False, 'Also print the partitioned HLO.', flag_values=FLAGS)
+
+
+def Run(model_key, mesh, expect=(), dataset='Train', step=0,
+        split_batch=True, rtol=None, print_hlo=False, printer=print):
+  """Configures the devices, checks the model, prints; returns the result."""
+  # Imported here so that --help and flag errors need neither TF nor jax.
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from lingshard.spmd import check
+  from lingshard.spmd import expect as expect_lib
+  from lingshard.spmd import xla_runtime
+  # pylint: enable=g-import-not-at-top
+  mesh_shape = check.MeshShape(mesh)
+  expect_lib.ParseRules(expect)  # Bad rules fail before any compiling.
+  xla_runtime.ConfigureCpuDevices(int(np.prod(mesh_shape)))
+  result = check.CheckModel(model_key, mesh_shape, dataset=dataset,
+                            step=step, split_batch=split_batch,
+                            expect=expect, rtol=rtol)
+  if print_hlo:
+    printer(result.hlo_text)
+  printer(result.Report())
+  return result
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  if not FLAGS.model:
+    raise app.UsageError('--model is required (a registered model key)')
+  # pylint: disable=g-import-not-at-top
+  from lingshard.spmd import check
+  from lingshard.spmd import expect as expect_lib
+  from lingshard.spmd import xla_runtime
+  # pylint: enable=g-import-not-at-top
+  try:
+    check.MeshShape(FLAGS.mesh)
+    expect_lib.ParseRules(FLAGS.expect)
+    result = Run(FLAGS.model, FLAGS.mesh, FLAGS.expect, FLAGS.dataset,
+                 FLAGS.step, FLAGS.split_batch, FLAGS.rtol, FLAGS.print_hlo)
+  except (LookupError, xla_runtime.JaxlibUnavailableError,
+          xla_runtime.DeviceCountError, expect_lib.ExpectRuleError,
+          check.MeshShapeError) as e:
+    sys.exit(f'spmd_check: error: {e}')
+  sys.exit(0 if result.ok else 1)
+
+
+if __name__ == '__main__':
+  cli.Run(main, FLAGS)

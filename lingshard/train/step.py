@@ -1,0 +1,182 @@
+"""The training step: a pure function
+
+    TrainStep(theta, opt_state, batch, step) -> (theta', opt_state', metrics)
+
+of NestedMaps of tensors and the int64 number of updates done before this
+one. It calls `task.LossAndGradients` (THE step math), averages across
+replicas when there are several, clips by global norm, applies the optimizer
+with the scheduled learning rate, and refuses the update (returns the inputs)
+when the loss or the gradients are not finite. Nothing in it reads or writes
+variables, so the same function is compiled whole by XLA (`jit=True`) on one
+device, run per replica under MirroredStrategy, and partitioned by SPMD on TPU.
+
+`metrics` holds the task's metrics as (value, weight) pairs plus
+`learning_rate`, `grad_norm` (before clipping), `is_finite` (1.0 / 0.0),
+`num_examples` and `num_tokens` (non-padding target tokens, 0 if the batch
+has no `tgt.paddings`), summed over replicas.
+"""
+
+import tensorflow as tf
+
+from lingshard.nested_map import NestedMap
+from lingshard.optim import base as optim_base
+from lingshard.optim import schedules
+
+RESERVED_METRICS = ('learning_rate', 'grad_norm', 'is_finite', 'num_examples',
+                    'num_tokens')
+OPTIMIZERS = ('sgd', 'adam', 'adafactor')
+
+
+def CreateOptimizer(train_params):
+  """The optimizer named by `train_params.optimizer`, with its settings."""
+  name = train_params.optimizer
+  if name == 'sgd':
+    return optim_base.Sgd.Params().Instantiate()
+  if name == 'adam':
+    return train_params.adam.Instantiate()
+  if name == 'adafactor':
+    return train_params.adafactor.Instantiate()
+  raise ValueError(f'Unknown optimizer {name!r}; one of {", ".join(OPTIMIZERS)}')
+
+
+def NumericBatch(batch):
+  """The batch without string leaves (e.g. MtInput's `lang`, `src.strs`):
+  XLA and TPUs take numbers only, and the loss never reads strings."""
+  return batch.Filter(lambda t: t.dtype != tf.string)
+
+
+def _NumReplicas():
+  ctx = tf.distribute.get_replica_context()
+  return 1 if ctx is None else ctx.num_replicas_in_sync
+
+
+class TrainStep:
+  """The pure step of a task (see the module docstring).
+
+  Args:
+    task: a BaseTask; its `params.train` gives optimizer, schedule, clipping.
+    jit: XLA-compile the step (`tf.function(jit_compile=True)`). With several
+      replicas the loss/gradient half and the update half are compiled
+      separately, with the cross-replica sum between them.
+    inject_nan_at_step: testing only: the loss of update number k (1-based)
+      is made NaN, to exercise the non-finite guard.
+  """
+
+  def __init__(self, task, jit=False, inject_nan_at_step=None):
+    self.task = task
+    tp = task.params.train
+    self.train_params = tp
+    self.optimizer = CreateOptimizer(tp)
+    schedules.LearningRate(tp.lr_schedule, tp.learning_rate, tp.warmup_steps,
+                           0)  # Validates the schedule name now.
+    self.inject_nan_at_step = inject_nan_at_step
+    self._whole = tf.function(self.Pure, jit_compile=jit)
+    self._grads = tf.function(self.LossAndGrads, jit_compile=jit)
+    self._update = tf.function(self.Update, jit_compile=jit)
+
+  def InitOptState(self, theta):
+    """Initial optimizer state for theta (tensors shaped like the slots)."""
+    return self.optimizer.InitState(theta)
+
+  def __call__(self, theta, opt_state, batch, step):
+    """The compiled step; call it in a replica context (or none)."""
+    batch = NumericBatch(batch)
+    if _NumReplicas() == 1:
+      return self._whole(theta, opt_state, batch, step)
+    metrics, grads = self._grads(theta, batch, step)
+    metrics, grads = CrossReplicaMean(metrics, grads)
+    return self._update(theta, opt_state, grads, metrics, step)
+
+  def Pure(self, theta, opt_state, batch, step):
+    """The uncompiled step (what `__call__` compiles)."""
+    metrics, grads = self.LossAndGrads(theta, batch, step)
+    metrics, grads = CrossReplicaMean(metrics, grads)
+    return self.Update(theta, opt_state, grads, metrics, step)
+
+  def LossAndGrads(self, theta, batch, step):
+    """Task metrics (float32, plus example/token counts) and gradients."""
+    step = tf.cast(step, tf.int64)
+    metrics, _, grads = self.task.LossAndGradients(theta, batch, step=step)
+    out = NestedMap()
+    for name, (value, weight) in metrics.items():
+      if name in RESERVED_METRICS:
+        raise ValueError(f'task metric {name!r} clashes with a trainer metric '
+                         f'({", ".join(RESERVED_METRICS)})')
+      out[name] = (tf.cast(value, tf.float32), tf.cast(weight, tf.float32))
+    if self.inject_nan_at_step is not None:
+      bad = tf.equal(step + 1, self.inject_nan_at_step)
+      loss, weight = out.loss
+      out.loss = (tf.where(bad, tf.constant(float('nan')), loss), weight)
+    num_examples, num_tokens = _CountBatch(batch)
+    out.num_examples = (num_examples, tf.constant(1.0))
+    out.num_tokens = (num_tokens, tf.constant(1.0))
+    return out, grads
+
+  def Update(self, theta, opt_state, grads, metrics, step):
+    """Clip, schedule, optimizer update; a non-finite step changes nothing."""
+    tp = self.train_params
+    step = tf.cast(step, tf.int64)
+    grad_leaves = [tf.cast(g, tf.float32) for g in grads.Flatten()]
+    grad_norm = tf.linalg.global_norm(grad_leaves)
+    if tp.clip_gradient_norm_to_value > 0:
+      grad_leaves, _ = tf.clip_by_global_norm(
+          grad_leaves, tp.clip_gradient_norm_to_value, use_norm=grad_norm)
+    lr = schedules.LearningRate(tp.lr_schedule, tp.learning_rate,
+                                tp.warmup_steps, step)
+    new_theta, new_state = self.optimizer.Apply(
+        theta, grads.Pack(grad_leaves), opt_state, lr, step)
+    ok = tf.logical_and(tf.math.is_finite(metrics.loss[0]),
+                        tf.math.is_finite(grad_norm))
+    def Keep(new, old):
+      return tf.where(ok, new, old)
+
+    new_theta = new_theta.Pack(
+        [Keep(n, o) for n, o in zip(new_theta.Flatten(), theta.Flatten())])
+    new_state = tf.nest.map_structure(Keep, new_state, opt_state)
+    out = NestedMap(metrics)
+    one = tf.constant(1.0)
+    out.learning_rate = (lr, one)
+    out.grad_norm = (grad_norm, one)
+    out.is_finite = (tf.cast(ok, tf.float32), one)
+    return new_theta, new_state, out
+
+
+def _CountBatch(batch):
+  """(examples, non-padding target tokens) of a batch, float32 scalars."""
+  leaves = batch.Flatten()
+  examples = tf.cast(tf.shape(leaves[0])[0], tf.float32) if leaves else 0.0
+  tokens = tf.constant(0.0)
+  tgt = batch.get('tgt')
+  if isinstance(tgt, NestedMap) and 'paddings' in tgt:
+    tokens = tf.reduce_sum(1.0 - tf.cast(tgt.paddings, tf.float32))
+  return tf.cast(examples, tf.float32), tokens
+
+
+def CrossReplicaMean(metrics, grads):
+  """Weighted mean over replicas of metrics and gradients.
+
+  Each replica's loss is a mean over its own weight w_r (examples or
+  tokens), so the global loss is sum_r w_r L_r / sum_r w_r and its gradient
+  the same weighted mean of the replicas' gradients. Counts are summed.
+  Identity with a single replica.
+  """
+  ctx = tf.distribute.get_replica_context()
+  if ctx is None or ctx.num_replicas_in_sync == 1:
+    return metrics, grads
+  loss_weight = metrics.loss[1]
+  names = sorted(metrics)
+  weighted = [metrics[n][0] * metrics[n][1] for n in names]
+  weights = [metrics[n][1] for n in names]
+  scaled_grads = [g * tf.cast(loss_weight, g.dtype) for g in grads.Flatten()]
+  s_weighted, s_weights, s_grads = ctx.all_reduce(
+      tf.distribute.ReduceOp.SUM, (weighted, weights, scaled_grads))
+  s_loss_weight = s_weights[names.index('loss')]
+  out = NestedMap()
+  for name, v, w in zip(names, s_weighted, s_weights):
+    if name in ('num_examples', 'num_tokens'):
+      out[name] = (v, metrics[name][1])  # Weight 1: the sum of counts.
+    else:
+      out[name] = (tf.math.divide_no_nan(v, w), w)
+  mean_grads = [tf.math.divide_no_nan(g, tf.cast(s_loss_weight, g.dtype))
+                for g in s_grads]
+  return out, grads.Pack(mean_grads)

@@ -1,0 +1,170 @@
+"""Distribution strategies: default | mirrored | multi_worker | tpu.
+
+- `default`: one device, no distribution.
+- `mirrored`: data parallel over the local GPUs, or over the host's logical
+  CPU devices when there are no GPUs (`ConfigureCpuDevices(n)` splits the
+  CPU before TF starts; tests use 2).
+- `multi_worker`: MultiWorkerMirroredStrategy; the cluster comes from the
+  TF_CONFIG environment variable (none: a single local worker).
+- `tpu`: TPUStrategy with `experimental_spmd_xla_partitioning=True` and a
+  device assignment whose replicas each span the model's device mesh
+  (`task.device_mesh.size` cores), so the XLA sharding annotations in the
+  step drive SPMD partitioning inside each replica and data parallelism
+  runs across replicas.
+
+`DistributeBatch` splits a global batch (dim 0) evenly over replicas; the
+step averages across replicas itself (lingshard/train/step.py).
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+STRATEGIES = ('default', 'mirrored', 'multi_worker', 'tpu')
+
+
+class StrategyError(ValueError):
+  """A strategy that cannot be built from the flags and the model."""
+
+
+@dataclasses.dataclass
+class StrategyInfo:
+  """What the trainer needs to know about the strategy it runs under."""
+  kind: str
+  is_chief: bool = True
+  worker_id: int = 0
+  jit_step: bool = False  # Wrap the step in tf.function(jit_compile=True).
+
+
+def DefaultJit(kind, jit_flag):
+  """--jit default: on for tpu, off elsewhere; an explicit flag wins."""
+  return kind == 'tpu' if jit_flag is None else bool(jit_flag)
+
+
+def ConfigureCpuDevices(n):
+  """Splits the host CPU into `n` logical devices (before TF initialises)."""
+  if n <= 1:
+    return
+  cpus = tf.config.list_physical_devices('CPU')
+  tf.config.set_logical_device_configuration(
+      cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(n)])
+
+
+def ParseTfConfig(text):
+  """(task_type, task_index, num_workers, is_chief) from TF_CONFIG json."""
+  try:
+    config = json.loads(text)
+    cluster = config['cluster']
+    task = config['task']
+    task_type, task_index = task['type'], int(task['index'])
+  except (ValueError, KeyError, TypeError) as e:
+    raise StrategyError(f'TF_CONFIG is not a valid cluster spec ({e}): '
+                        f'{text!r}') from None
+  if task_type not in cluster:
+    raise StrategyError(f'TF_CONFIG task type {task_type!r} is not in the '
+                        f'cluster {sorted(cluster)}')
+  if not 0 <= task_index < len(cluster[task_type]):
+    raise StrategyError(f'TF_CONFIG task index {task_index} is out of range '
+                        f'for {len(cluster[task_type])} {task_type}(s)')
+  num_workers = sum(len(cluster.get(k, [])) for k in ('chief', 'worker'))
+  has_chief = bool(cluster.get('chief'))
+  is_chief = (task_type == 'chief' or
+              (not has_chief and task_type == 'worker' and task_index == 0))
+  return task_type, task_index, num_workers, is_chief
+
+
+def ComputationShape(topology_mesh_shape, num_cores):
+  """Per-replica core block [x, y, z, cores_per_chip] of `num_cores` cores.
+
+  Fills the cores of a chip first, then x, y, z in turn, one prime factor
+  at a time, so a replica is a compact block of the physical mesh. A prime
+  factor always fits some dim (num_cores divides the topology's core
+  count), so the only error is a mesh that does not divide the topology.
+  """
+  topo = [int(d) for d in topology_mesh_shape]
+  total = int(np.prod(topo))
+  if num_cores < 1 or total % num_cores:
+    raise StrategyError(f'a device mesh of {num_cores} cores does not divide '
+                        f'the TPU topology {topo} ({total} cores)')
+  shape = [1] * len(topo)
+  remaining = num_cores
+  order = [len(topo) - 1] + list(range(len(topo) - 1))
+  factor = 2
+  while remaining > 1:
+    while remaining % factor:
+      factor += 1
+    dim = next(d for d in order if topo[d] % (shape[d] * factor) == 0)
+    shape[dim] *= factor
+    remaining //= factor
+  return shape
+
+
+def DeviceAssignmentForMesh(topology, device_mesh):
+  """A DeviceAssignment with replicas of `device_mesh.size` cores each.
+
+  The mesh's device ids are the logical core ids of one replica's
+  computation, which is what XLA's sharding annotations refer to.
+  """
+  cores_per_replica = 1 if device_mesh is None else int(
+      np.asarray(device_mesh).size)
+  shape = ComputationShape(topology.mesh_shape, cores_per_replica)
+  num_replicas = int(np.prod(topology.mesh_shape)) // cores_per_replica
+  return tf.tpu.experimental.DeviceAssignment.build(
+      topology, computation_shape=shape, num_replicas=num_replicas)
+
+
+def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None):
+  """Builds the strategy `kind`; returns (strategy, StrategyInfo)."""
+  if kind not in STRATEGIES:
+    raise StrategyError(f'Unknown --strategy {kind!r}; one of '
+                        f'{", ".join(STRATEGIES)}')
+  jit = DefaultJit(kind, jit)
+  # On TPU the whole replica function is XLA-compiled already.
+  info = StrategyInfo(kind=kind, jit_step=jit and kind != 'tpu')
+  if kind == 'default':
+    return tf.distribute.get_strategy(), info
+  if kind == 'mirrored':
+    gpus = tf.config.list_logical_devices('GPU')
+    if gpus:
+      return tf.distribute.MirroredStrategy([d.name for d in gpus]), info
+    cpus = [d.name for d in tf.config.list_logical_devices('CPU')]
+    return tf.distribute.MirroredStrategy(
+        cpus, cross_device_ops=tf.distribute.ReductionToOneDevice()), info
+  if kind == 'multi_worker':
+    text = os.environ.get('TF_CONFIG')
+    if text:
+      _, index, _, is_chief = ParseTfConfig(text)
+      info.is_chief, info.worker_id = is_chief, index
+    return tf.distribute.MultiWorkerMirroredStrategy(), info
+  if not tpu:
+    raise StrategyError('--strategy=tpu needs --tpu (a TPU name, or "local" '
+                        'on a TPU VM)')
+  resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+  tf.config.experimental_connect_to_cluster(resolver)
+  topology = tf.tpu.experimental.initialize_tpu_system(resolver)
+  assignment = DeviceAssignmentForMesh(topology, device_mesh)
+  strategy = tf.distribute.TPUStrategy(
+      resolver, experimental_device_assignment=assignment,
+      experimental_spmd_xla_partitioning=True)
+  return strategy, info
+
+
+def DistributeBatch(strategy, batch):
+  """Splits a global batch's dim 0 evenly over the strategy's replicas."""
+  n = strategy.num_replicas_in_sync
+  if n == 1:
+    return batch
+  for key, t in batch.FlattenItems():
+    size = t.shape[0]
+    if size is not None and size % n:
+      raise StrategyError(f'batch.{key} has {size} examples, not divisible by '
+                          f'{n} replicas')
+
+  def Slice(ctx):
+    i = ctx.replica_id_in_sync_group
+    return tf.nest.map_structure(lambda t: tf.split(t, n)[i], batch)
+
+  return strategy.experimental_distribute_values_from_function(Slice)

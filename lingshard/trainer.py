@@ -1,0 +1,341 @@
+"""The lingshard trainer binary (Lingvo's `trainer.py`).
+
+  python -m lingshard.trainer --model=toy.FFRegression --logdir=/tmp/run \
+      --mode=train [--params_override="task.train.learning_rate=0.1"]
+
+Modes:
+  train           train to task.train.max_steps (resumes from the logdir)
+  eval            loss / perplexity per language of the latest checkpoint on
+                  --eval_dataset (Dev) -> logdir/eval_dev/
+  decode          beam search, BLEU / chrF per language -> logdir/decode_<split>/
+  train_and_eval  train, evaluating every task.train.eval_interval_steps
+  export          SavedModel with a `translate` signature -> logdir/export/<step>
+  print_params    print the params text after overrides and exit
+Training runs under --strategy; eval, decode and export on the host's
+default device.
+
+Params: the registry's SingleTaskModel params (`task.*`, `input.*`), then
+--params_file, --params_override, --max_steps, --seed, in that order; what
+they changed is printed and the result written to logdir/params.txt.
+
+Exit codes: 0 ok; 1 a usage / configuration error (message on stderr);
+3 NaN/Inf in the loss or gradients (the message names the step and the last
+good checkpoint, which is kept).
+"""
+
+import importlib
+import os
+import sys
+
+from absl import app
+from absl import flags
+import tensorflow as tf
+
+from lingshard import hyperparams
+from lingshard import model_registry
+from lingshard.train import checkpointer
+from lingshard.train import decode_loop
+from lingshard.train import eval_loop
+from lingshard.train import export
+from lingshard.train import overrides
+from lingshard.train import state as state_lib
+from lingshard.train import strategies
+from lingshard.train import summaries
+from lingshard.train import train_loop
+
+MODES = ('train', 'eval', 'decode', 'train_and_eval', 'export',
+         'print_params')
+
+
+def DefineFlags(fv):
+  """Defines the trainer's flags on FlagValues `fv`."""
+  flags.DEFINE_string('model', None, 'Registered model key, e.g. '
+                      'toy.FFRegression (see --list_models).', flag_values=fv)
+  flags.DEFINE_bool('list_models', False,
+                    'Print every registered model with its description.',
+                    flag_values=fv)
+  flags.DEFINE_string('logdir', None, 'Checkpoints, summaries, params.txt, '
+                      'decodes and exports (local path or gs://).',
+                      flag_values=fv)
+  flags.DEFINE_enum('mode', 'train', MODES, 'What to do.', flag_values=fv)
+  flags.DEFINE_string('params_override', '',
+                      '"a.b=1;c.d=\'x\'": params assignments, ; separated.',
+                      flag_values=fv)
+  flags.DEFINE_string('params_file', None, 'A params text file (key : value '
+                      'lines, e.g. a params.txt) applied before overrides.',
+                      flag_values=fv)
+  flags.DEFINE_integer('max_steps', None, 'Sets task.train.max_steps.',
+                       flag_values=fv)
+  flags.DEFINE_integer('seed', None, 'Sets task.random_seed (initialisation '
+                       'and routing randomness) and the TF global seed.',
+                       flag_values=fv)
+  flags.DEFINE_enum('strategy', 'default', strategies.STRATEGIES,
+                    'Distribution strategy.', flag_values=fv)
+  flags.DEFINE_string('tpu', None, 'TPU name, or "local" on a TPU VM.',
+                      flag_values=fv)
+  flags.DEFINE_bool('jit', None, 'XLA-compile the step (default: on for tpu, '
+                    'off otherwise).', flag_values=fv)
+  flags.DEFINE_string('init_from_checkpoint', None, 'Warm start the weights '
+                      'from this checkpoint when the logdir has none.',
+                      flag_values=fv)
+  flags.DEFINE_integer('num_cpu_devices', 1, 'Split the host CPU into N '
+                       'logical devices (MirroredStrategy on CPU).',
+                       flag_values=fv)
+  flags.DEFINE_enum('eval_dataset', 'Dev', model_registry.DATASETS,
+                    'Dataset of eval, decode and train_and_eval.',
+                    flag_values=fv)
+  flags.DEFINE_string('export_dir', None,
+                      'Export destination (default logdir/export/<step>).',
+                      flag_values=fv)
+  flags.DEFINE_float('max_train_seconds', 0.0, 'Also stop training (with a '
+                     'checkpoint) after this many seconds; 0 = no limit. Not '
+                     'with multi_worker (workers would disagree).',
+                     flag_values=fv)
+  flags.DEFINE_string('eval_params_override', '', 'Overrides applied after '
+                      '--params_override to the eval / decode dataset only, '
+                      'e.g. input.file_pattern=data/ui_m4/dev_unseen_en.noph'
+                      '.tsv.', flag_values=fv)
+  flags.DEFINE_integer('test_inject_nan_at_step', None, 'Testing only: make '
+                       'the loss of this step NaN.', flag_values=fv)
+
+
+class ConfigError(ValueError):
+  """A usage or configuration error: printed, exit code 1."""
+
+
+def Printer(text):
+  print(text, flush=True)
+
+
+# ------------------------------------------------------------------ params
+def BuildParams(cfg, dataset='Train', for_eval=False):
+  """(params, diff text) of the model for `dataset` after all overrides
+  (`for_eval`: also --eval_params_override)."""
+  try:
+    base = model_registry.GetParams(cfg.model, dataset)
+  except LookupError as e:
+    raise ConfigError(str(e)) from None
+  params = base.Copy()
+  if cfg.params_file:
+    overrides.ApplyParamsFile(params, cfg.params_file, _ReadText)
+  overrides.ApplyOverrides(params, cfg.params_override)
+  if for_eval:
+    overrides.ApplyOverrides(params, cfg.eval_params_override,
+                             '--eval_params_override')
+  if cfg.max_steps is not None:
+    params.task.train.max_steps = cfg.max_steps
+  if cfg.seed is not None:
+    params.task.random_seed = cfg.seed
+  return params, hyperparams.TextDiff(base, params)
+
+
+def _ReadText(path):
+  try:
+    with tf.io.gfile.GFile(path, 'r') as f:
+      return f.read()
+  except tf.errors.OpError as e:
+    raise overrides.OverrideError(f'--params_file {path}: {e.message}') from None
+
+
+def ListModels(printer):
+  keys = model_registry.ListModels()
+  width = max((len(k) for k in keys), default=0)
+  for key in keys:
+    printer(f'{key:<{width}}  {model_registry.Describe(key)}')
+
+
+# ------------------------------------------------------------------- modes
+def _RestoredTheta(params, logdir):
+  """(theta variables, step) of logdir's latest checkpoint."""
+  state = state_lib.TrainState(params.task.Instantiate())
+  ckpt = checkpointer.Checkpointer(os.path.join(logdir, 'train'), state,
+                                   include_optimizer=False)
+  step, _ = ckpt.Restore()
+  if step is None:
+    raise ConfigError(f'no checkpoint in {os.path.join(logdir, "train")}; '
+                      'train first')
+  return state.theta, step
+
+
+def _Read(var):
+  return var.read_value()
+
+
+def _InferenceTask(params):
+  """The task for eval/decode/export: the task module's
+  `InferenceParams(task_params)` when it has one (mt_model's sets MoE eval
+  capacity), else the params with is_inference=True. Theta is shared."""
+  task_p = params.task
+  module = importlib.import_module(task_p.cls.__module__)
+  fn = getattr(module, 'InferenceParams', None)
+  task_p = fn(task_p) if fn else task_p.Copy().Set(is_inference=True)
+  return task_p.Instantiate()
+
+
+def _Evaluator(cfg, dataset):
+  params, _ = BuildParams(cfg, dataset, for_eval=True)
+  return eval_loop.Evaluator(_InferenceTask(params), params.input.Instantiate(),
+                             params.task.train.eval_num_batches)
+
+
+def _EvalHook(cfg, dataset, evaluator, theta_fn, printer):
+  """Runs one evaluation; writes summaries, metrics-<step>.json, a line."""
+  out_dir = os.path.join(cfg.logdir, f'eval_{dataset.lower()}')
+  writer = summaries.SummaryWriter(out_dir)
+
+  def Hook(step):
+    result = evaluator.Evaluate(theta_fn(), step)
+    writer.Write(step, {}, eval_loop.Scalars(result))
+    writer.Flush()
+    eval_loop.WriteJson(out_dir, result)
+    metrics = ' '.join(f'{k} {v:.6f}' for k, v in result['metrics'].items())
+    printer(f'eval {dataset} step {step}: {metrics}')
+    return result
+
+  return Hook
+
+
+def RunTrain(cfg, params, strategy, info, printer, with_eval=False):
+  trainer = train_loop.Trainer(
+      params, cfg.logdir, strategy=strategy, info=info,
+      init_from_checkpoint=cfg.init_from_checkpoint, printer=printer,
+      inject_nan_at_step=cfg.test_inject_nan_at_step)
+  hook = None
+  if with_eval:
+    hook = _EvalHook(cfg, cfg.eval_dataset, _Evaluator(cfg, cfg.eval_dataset),
+                     trainer.ThetaValues, printer)
+  return trainer.Train(eval_hook=hook, max_seconds=cfg.max_train_seconds)
+
+
+def RunEval(cfg, params, printer):
+  theta, step = _RestoredTheta(params, cfg.logdir)
+  hook = _EvalHook(cfg, cfg.eval_dataset, _Evaluator(cfg, cfg.eval_dataset),
+                   lambda: theta.Transform(_Read), printer)
+  return hook(step)
+
+
+def VocabFiles(input_params):
+  """(source, target) SentencePiece model files of a translation input
+  (MtInput params `src_vocab` / `tgt_vocab`): the data seam of decode and
+  export."""
+  if 'src_vocab' not in input_params or 'tgt_vocab' not in input_params:
+    raise ConfigError(f'{input_params.cls.__name__} params have no '
+                      'src_vocab / tgt_vocab; decode and export need a '
+                      'translation input')
+  return input_params.src_vocab, input_params.tgt_vocab
+
+
+def SplitName(input_params, dataset):
+  """`dev_unseen_en` for an input reading .../dev_unseen_en.tsv, else
+  the dataset name in lower case."""
+  pattern = (input_params.file_pattern if 'file_pattern' in input_params
+             else None)
+  if isinstance(pattern, str) and '*' not in pattern:
+    return os.path.basename(pattern).split('.')[0] + (
+        '_noph' if '.noph.' in pattern else '')
+  return dataset.lower()
+
+
+def RunDecode(cfg, params, printer):
+  theta, step = _RestoredTheta(params, cfg.logdir)
+  dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
+  src_file, tgt_file = VocabFiles(dev.input)
+  try:
+    decoder = decode_loop.Decoder(_InferenceTask(dev),
+                                  decode_loop.Detokenizer(tgt_file),
+                                  decode_loop.Detokenizer(src_file))
+  except TypeError as e:
+    raise ConfigError(str(e)) from None
+  input_generator = dev.input.Instantiate()
+  records = decoder.DecodeDataset(
+      theta.Transform(_Read), input_generator.GetDataset(),
+      dev.task.train.eval_num_batches)
+  train_input = params.input.Instantiate()
+  counts_fn = getattr(train_input, 'LanguageCounts', None)
+  high = decode_loop.HighResourceLanguages(counts_fn()) if counts_fn else None
+  scores = decode_loop.ScoreByLanguage(records, high)
+  out_dir = os.path.join(cfg.logdir,
+                         f'decode_{SplitName(dev.input, cfg.eval_dataset)}')
+  decode_loop.WriteOutputs(out_dir, records, scores, step)
+  printer(decode_loop.FormatExamples(records))
+  printer(decode_loop.FormatScores(scores))
+  printer(f'hypotheses and scores written to {out_dir}')
+  return scores
+
+
+def RunExport(cfg, params, printer):
+  theta, step = _RestoredTheta(params, cfg.logdir)
+  task = _InferenceTask(params)
+  if not callable(getattr(task, 'Decode', None)):
+    raise ConfigError(f'{type(task).__name__} has no Decode(); export needs '
+                      'a translation task')
+  src_file, tgt_file = VocabFiles(params.input)
+  out = cfg.export_dir or export.DefaultExportDir(cfg.logdir, step)
+  p = params.input
+  kwargs = {}
+  if 'bucket_upper_bounds' in p:
+    kwargs['max_source_length'] = p.bucket_upper_bounds[-1]
+  if 'direction' in p:
+    kwargs['source_tag'] = p.direction == 'en2xx'
+  export.Export(task, theta, src_file, tgt_file, out, **kwargs)
+  printer(f'exported step {step} to {out}')
+  return out
+
+
+def Execute(cfg, printer=Printer):
+  """Runs the trainer for parsed flags `cfg`; raises ConfigError."""
+  if cfg.list_models:
+    ListModels(printer)
+    return None
+  if not cfg.model:
+    raise ConfigError('--model is required (see --list_models)')
+  params, diff = BuildParams(cfg)
+  if cfg.mode == 'print_params':
+    printer(params.ToText().rstrip('\n'))
+    return params
+  if diff:
+    printer('Params changed from the registry defaults:\n' + diff.rstrip('\n'))
+  if not cfg.logdir:
+    raise ConfigError(f'--logdir is required for --mode={cfg.mode}')
+  strategies.ConfigureCpuDevices(cfg.num_cpu_devices)
+  tf.random.set_seed(cfg.seed if cfg.seed is not None else 1234)
+  if cfg.mode in ('train', 'train_and_eval'):
+    strategy, info = strategies.CreateStrategy(
+        cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit)
+    printer(f'strategy {info.kind}: {strategy.num_replicas_in_sync} '
+            f'replica(s), jit {"on" if info.jit_step else "off"}')
+    if info.is_chief:
+      tf.io.gfile.makedirs(cfg.logdir)
+      with tf.io.gfile.GFile(os.path.join(cfg.logdir, 'params.txt'), 'w') as f:
+        f.write(params.ToText())
+    return RunTrain(cfg, params, strategy, info, printer,
+                    with_eval=cfg.mode == 'train_and_eval')
+  if cfg.mode == 'eval':
+    return RunEval(cfg, params, printer)
+  if cfg.mode == 'decode':
+    return RunDecode(cfg, params, printer)
+  return RunExport(cfg, params, printer)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'unexpected arguments: {argv[1:]}')
+  try:
+    Execute(flags.FLAGS)
+  except train_loop.NonFiniteError as e:
+    print(f'lingshard.trainer: {e}', file=sys.stderr, flush=True)
+    sys.exit(train_loop.NON_FINITE_EXIT_CODE)
+  except (ConfigError, overrides.OverrideError, strategies.StrategyError,
+          checkpointer.CheckpointError) as e:
+    print(f'lingshard.trainer: error: {e}', file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
+def Run():
+  """Console entry point."""
+  DefineFlags(flags.FLAGS)
+  app.run(main)
+
+
+if __name__ == '__main__':
+  Run()

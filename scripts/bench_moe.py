@@ -1,0 +1,155 @@
+"""Benchmark: MoE layer fwd+bwd step time vs a FLOP-matched dense FFN.
+
+For top-2 routing at capacity factor 1 the experts do the work of a dense
+FFN with hidden 2H on the same tokens (E*G*C = 2*G*S rows of M->H->M), so
+the MoE/dense time ratio measures the cost of gating, dispatch and combine.
+
+Each step computes the loss sum(y * r) (+ aux) and the gradients w.r.t. the
+inputs and every weight. Timing is interleaved: every repetition runs each
+variant once, in rotation, and the ratio is the median over repetitions of
+(moe time / dense time of the same repetition), so load drift on a shared
+machine affects both sides alike. Prints ms (median), tokens/s and the ratio.
+
+  .venv/bin/python scripts/bench_moe.py                 # full table
+  .venv/bin/python scripts/bench_moe.py --experts 16 --reps 5
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+
+def _Args():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--groups', type=int, default=4)
+  ap.add_argument('--group_size', type=int, default=1024)
+  ap.add_argument('--model_dim', type=int, default=512)
+  ap.add_argument('--hidden_dim', type=int, default=2048)
+  ap.add_argument('--experts', type=int, nargs='+', default=[16, 8, 64, 256])
+  ap.add_argument('--capacity_factor', type=float, default=1.0)
+  ap.add_argument('--impls', nargs='+', default=['gather', 'einsum'])
+  ap.add_argument('--modes', nargs='+', default=['graph', 'jit'])
+  ap.add_argument('--einsum_max_experts', type=int, default=16,
+                  help='Skip the O(GSECM) einsum impl above this E (slow).')
+  ap.add_argument('--reps', type=int, default=5)
+  ap.add_argument('--warmup', type=int, default=1)
+  ap.add_argument('--allocator', choices=['bfc', 'default'], default='bfc',
+                  help='bfc: TF_CPU_ALLOCATOR_USE_BFC=true (reuses memory; '
+                  'the default allocator page-faults fresh buffers for every '
+                  'large gradient).')
+  ap.add_argument('--inter_op_threads', type=int, default=1,
+                  help='1 runs one big matmul at a time on all cores; 0 = '
+                  'TF default (concurrent matmuls oversubscribe 2 cores).')
+  return ap.parse_args()
+
+
+def _DenseStep(m, h2, jit):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.RandomState(0)
+  w1 = tf.Variable(rng.normal(0, m**-0.5, [m, h2]).astype(np.float32))
+  w2 = tf.Variable(rng.normal(0, h2**-0.5, [h2, m]).astype(np.float32))
+
+  @tf.function(jit_compile=jit)
+  def Step(x, r):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.matmul(tf.nn.relu(tf.matmul(x, w1)), w2)
+      loss = tf.reduce_sum(y * r)
+    return loss, tape.gradient(loss, [x, w1, w2])
+
+  return Step
+
+
+def _MoEStep(args, num_experts, impl, jit):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingshard.layers import moe  # pylint: disable=g-import-not-at-top
+  p = moe.MoELayer.Params().Set(
+      name='moe', input_dim=args.model_dim, hidden_dim=args.hidden_dim,
+      num_experts=num_experts, num_groups=args.groups,
+      capacity_factor=args.capacity_factor, dispatch_impl=impl)
+  layer = p.Instantiate()
+  theta = layer.theta
+  leaves = theta.Flatten()
+
+  @tf.function(jit_compile=jit)
+  def Step(x, r, paddings):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y, aux = layer.FProp(theta, x, paddings, step=1)
+      loss = tf.reduce_sum(tf.reshape(y, tf.shape(r)) * r) + aux.aux_loss
+    return loss, tape.gradient(loss, [x] + leaves)
+
+  return Step, layer.Capacity(args.group_size)
+
+
+def _Run(fn, *xs):
+  """One step; the call returns when it is done (eager is synchronous).
+
+  Only the loss is fetched: copying GB of expert gradients to numpy would
+  time the copy, not the step (an optimizer consumes them in place).
+  """
+  loss, _ = fn(*xs)
+  loss.numpy()
+
+
+def main():
+  args = _Args()
+  if args.allocator == 'bfc':
+    os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
+  # TensorFlow is imported only now, after the allocator choice is in env.
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  if args.inter_op_threads:
+    tf.config.threading.set_inter_op_parallelism_threads(
+        args.inter_op_threads)
+  n = args.groups * args.group_size
+  m = args.model_dim
+  rng = np.random.RandomState(1)
+  x_nm = tf.constant(rng.normal(size=[n, m]).astype(np.float32))
+  r_nm = tf.constant(rng.normal(size=[n, m]).astype(np.float32))
+  x_btm = tf.reshape(x_nm, [args.groups, args.group_size, m])
+  pad = tf.zeros([args.groups, args.group_size])
+  print(f'# bench_moe: G={args.groups} S={args.group_size} M={m} '
+        f'H={args.hidden_dim} cf={args.capacity_factor} tokens={n}; '
+        f'dense hidden {2 * args.hidden_dim}; load {os.getloadavg()}')
+  print(f'{"E":>4} {"C":>4} {"mode":>5} {"variant":>7} {"ms":>8} '
+        f'{"tokens/s":>9} {"ratio":>6}')
+  print(f'# allocator={args.allocator} inter_op_threads='
+        f'{args.inter_op_threads} reps={args.reps}')
+  t_start = time.time()
+  for e in args.experts:
+    for mode in args.modes:
+      jit = mode == 'jit'
+      variants = {'dense': (_DenseStep(m, 2 * args.hidden_dim, jit),
+                            (x_nm, r_nm))}
+      capacity = None
+      for impl in args.impls:
+        if impl == 'einsum' and e > args.einsum_max_experts:
+          continue
+        step, capacity = _MoEStep(args, e, impl, jit)
+        variants[impl] = (step, (x_btm, r_nm, pad))
+      for fn, xs in variants.values():
+        for _ in range(args.warmup + 1):  # First call traces/compiles.
+          _Run(fn, *xs)
+      times = {k: [] for k in variants}
+      for rep in range(args.reps):
+        order = list(variants)
+        order = order[rep % len(order):] + order[:rep % len(order)]
+        for k in order:
+          fn, xs = variants[k]
+          t0 = time.perf_counter()
+          _Run(fn, *xs)
+          times[k].append(time.perf_counter() - t0)
+      dense = np.array(times['dense'])
+      for k, ts in times.items():
+        ts = np.array(ts)
+        ratio = np.median(ts / dense)
+        ms = np.median(ts) * 1e3
+        print(f'{e:>4} {capacity:>4} {mode:>5} {k:>7} {ms:8.1f} '
+              f'{n / np.median(ts):9.0f} {ratio:6.3f}', flush=True)
+  print(f'# total {time.time() - t_start:.0f} s; load {os.getloadavg()}')
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,178 @@
+"""Runs the lingshard trainer as a batch job on a Cloud TPU VM or pod slice.
+
+  python scripts/tpu_vm/launch.py --name=ls-m4 --zone=us-central2-b \
+      --project=my-project --accelerator_type=v4-32 \
+      --model=m4.MoE128E12L --logdir=gs://my-bucket/runs/m4 \
+      [--trainer_args="--params_override=task.train.max_steps=1000"] \
+      [--source=local | git+https://...@ref] [--spot] [--keep] [--dry_run]
+
+Steps (each printed as `+ command` before it runs; --dry_run only prints):
+  1. describe the TPU VM; create it if it does not exist (reuse otherwise);
+  2. install lingshard on every worker: the local checkout's HEAD as a
+     `git archive` tarball copied with `tpu-vm scp`, or a pip git URL;
+     plus the TPU build of TensorFlow;
+  3. start the trainer on every worker (`--strategy=tpu --tpu=local`; the
+     hosts of a pod slice find each other through the TPU runtime), in the
+     background with its output in ~/lingshard-train.log and its exit code in
+     ~/lingshard-train.exit, so a dropped ssh connection does not kill it;
+  4. stream worker 0's log until the trainer exits;
+  5. copy every worker's log to <logdir>/tpu_vm_logs/ and collect the exit
+     codes;
+  6. delete the TPU VM if this run created it (unless --keep).
+
+Only the Python standard library is used: this runs on a laptop with gcloud.
+"""
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+LOG = '~/lingshard-train.log'
+EXIT = '~/lingshard-train.exit'
+TARBALL = 'lingshard-src.tar.gz'
+DEFAULT_PIP = ('tensorflow-tpu -f '
+               'https://storage.googleapis.com/libtpu-tf-releases/index.html')
+
+
+def ParseArgs(argv):
+  ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  ap.add_argument('--name', required=True, help='TPU VM name.')
+  ap.add_argument('--zone', required=True)
+  ap.add_argument('--project', required=True)
+  ap.add_argument('--accelerator_type', default='v4-8',
+                  help='e.g. v4-8 (one host) or v4-32 (a 4-host pod slice).')
+  ap.add_argument('--runtime_version', default='tpu-ubuntu2204-base')
+  ap.add_argument('--spot', action='store_true', help='Spot capacity.')
+  ap.add_argument('--model', required=True, help='Registered model key.')
+  ap.add_argument('--logdir', required=True,
+                  help='gs:// directory: checkpoints, summaries, logs.')
+  ap.add_argument('--mode', default='train', help='Trainer --mode.')
+  ap.add_argument('--trainer_args', default='',
+                  help='More trainer flags, one shell-quoted string.')
+  ap.add_argument('--source', default='local',
+                  help='"local" (this checkout\'s HEAD) or a pip '
+                  'requirement such as git+https://host/lingshard@ref.')
+  ap.add_argument('--pip_extra', default=DEFAULT_PIP,
+                  help='Extra pip install arguments (the TPU TensorFlow).')
+  ap.add_argument('--keep', action='store_true',
+                  help='Do not delete the TPU VM at the end.')
+  ap.add_argument('--dry_run', action='store_true',
+                  help='Print every command without running it.')
+  args = ap.parse_args(argv)
+  if not args.logdir.startswith('gs://'):
+    ap.error('--logdir must be a gs:// path (the TPU VMs write it)')
+  return args
+
+
+def _Tpu(args, verb, *rest):
+  return (['gcloud', 'compute', 'tpus', 'tpu-vm', verb, args.name,
+           f'--zone={args.zone}', f'--project={args.project}'] + list(rest))
+
+
+def Ssh(args, command, worker='all'):
+  return _Tpu(args, 'ssh', f'--worker={worker}', f'--command={command}')
+
+
+def DescribeCommand(args):
+  return _Tpu(args, 'describe', '--format=value(state)')
+
+
+def CreateCommand(args):
+  cmd = _Tpu(args, 'create', f'--accelerator-type={args.accelerator_type}',
+             f'--version={args.runtime_version}')
+  return cmd + (['--spot'] if args.spot else [])
+
+
+def InstallCommands(args):
+  pip = 'python3 -m pip install --quiet'
+  if args.source == 'local':
+    tarball = os.path.join('/tmp', TARBALL)
+    return [
+        ['git', '-C', REPO, 'archive', '--format=tar.gz', '-o', tarball,
+         'HEAD'],
+        ['gcloud', 'compute', 'tpus', 'tpu-vm', 'scp', tarball,
+         f'{args.name}:~/{TARBALL}', '--worker=all', f'--zone={args.zone}',
+         f'--project={args.project}'],
+        Ssh(args, f'rm -rf ~/lingshard && mkdir ~/lingshard && '
+                  f'tar -xzf ~/{TARBALL} -C ~/lingshard && '
+                  f'{pip} ~/lingshard {args.pip_extra}'),
+    ]
+  return [Ssh(args, f'{pip} {shlex.quote(args.source)} {args.pip_extra}')]
+
+
+def TrainerCommand(args):
+  """The shell command each worker runs in the background."""
+  trainer = ['python3', '-m', 'lingshard.trainer', f'--model={args.model}',
+             f'--logdir={args.logdir}', f'--mode={args.mode}',
+             '--strategy=tpu', '--tpu=local'] + shlex.split(args.trainer_args)
+  job = shlex.join(trainer) + f'; echo $? > {EXIT}'
+  return (f'cd ~ && rm -f {EXIT} && '
+          f'nohup sh -c {shlex.quote(job)} > {LOG} 2>&1 < /dev/null &')
+
+
+def StreamCommand(args):
+  # Follow the log until the exit file appears (the trainer finished).
+  return Ssh(args, f'tail -n +1 -F {LOG} & t=$!; '
+                   f'while [ ! -f {EXIT} ]; do sleep 10; done; '
+                   f'sleep 2; kill $t', worker='0')
+
+
+def CollectCommand(args):
+  return Ssh(args, f'gcloud storage cp {LOG} '
+                   f'{args.logdir}/tpu_vm_logs/$(hostname).log; '
+                   f'echo "$(hostname) exit $(cat {EXIT})"; '
+                   f'exit $(cat {EXIT})')
+
+
+def DeleteCommand(args):
+  return _Tpu(args, 'delete', '--quiet')
+
+
+class Runner:
+  """Prints each command; runs it unless dry_run."""
+
+  def __init__(self, dry_run, out=sys.stdout):
+    self.dry_run = dry_run
+    self._out = out
+
+  def __call__(self, argv, check=True):
+    self._out.write('+ ' + shlex.join(argv) + '\n')
+    self._out.flush()
+    if self.dry_run:
+      return 0
+    code = subprocess.run(argv, check=False).returncode
+    if check and code:
+      raise RuntimeError(f'command failed with exit code {code}: '
+                         f'{shlex.join(argv)}')
+    return code
+
+
+def Launch(args, run):
+  """Runs the whole job; returns the process exit code."""
+  exists = run(DescribeCommand(args), check=False) == 0 and not run.dry_run
+  created = False
+  try:
+    if not exists:
+      run(CreateCommand(args))
+      created = True
+    for cmd in InstallCommands(args):
+      run(cmd)
+    run(Ssh(args, TrainerCommand(args)))
+    run(StreamCommand(args))
+    return run(CollectCommand(args), check=False)
+  finally:
+    if created and not args.keep:
+      run(DeleteCommand(args), check=False)
+
+
+def main(argv=None):
+  args = ParseArgs(sys.argv[1:] if argv is None else argv)
+  return Launch(args, Runner(args.dry_run))
+
+
+if __name__ == '__main__':
+  sys.exit(main())

@@ -1,0 +1,38 @@
+"""Dense FeedForward against numpy; hidden dropout only in training."""
+
+import numpy as np
+
+from lingshard.layers import ffn
+
+
+def _Layer(**kw):
+  return ffn.FeedForward.Params().Set(name='ffn', input_dim=4, hidden_dim=6,
+                                      **kw).Instantiate()
+
+
+def testMatchesNumpy():
+  layer = _Layer()
+  t = layer.theta.Transform(lambda v: v.numpy())
+  t.fc_in.b = np.linspace(-1, 1, 6).astype(np.float32)
+  t.fc_out.b = np.ones(4, np.float32)
+  x = np.random.RandomState(0).normal(size=[2, 3, 4]).astype(np.float32)
+  want = np.maximum(x @ t.fc_in.w + t.fc_in.b, 0) @ t.fc_out.w + t.fc_out.b
+  np.testing.assert_allclose(layer.FProp(t, x).numpy(), want, atol=1e-5)
+
+
+def testHiddenDropout():
+  x = np.random.RandomState(0).normal(size=[2, 3, 4]).astype(np.float32)
+  drop = _Layer(activation_dropout_prob=0.5)
+  a, b = (drop.FProp(drop.theta, x, step=s).numpy() for s in (1, 2))
+  assert np.abs(a - b).max() > 1e-3
+  infer = _Layer(activation_dropout_prob=0.5, is_inference=True)
+  np.testing.assert_allclose(infer.FProp(drop.theta, x, step=1).numpy(),
+                             _Layer().FProp(drop.theta, x).numpy(), atol=1e-6)
+
+
+def testWeightsReplicatedActivationsBatchSplit():
+  layer = _Layer()
+  w = layer.DeclaredWeights()
+  assert w.fc_in.w.tensor_split_dims_mapping == [-1, -1]
+  assert w.fc_out.w.tensor_split_dims_mapping == [-1, -1]
+  assert layer.fc_out.params.activation_split_dims_mapping.out == [0, -1, -1]

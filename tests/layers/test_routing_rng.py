@@ -1,0 +1,74 @@
+"""Counter-based routing RNG: a pure function of (seed, stream, step, token)."""
+
+import numpy as np
+import tensorflow as tf
+
+from lingshard.layers import routing_rng as rr
+
+
+def _U(idx, seed=7, stream=rr.STREAM_SECOND_EXPERT, step=3, num_sub=None):
+  return rr.TokenUniform(seed, stream, step, tf.constant(idx, tf.int64),
+                         num_sub).numpy()
+
+
+def test_draw_depends_on_the_token_not_its_position():
+  full = _U(np.arange(1000))
+  np.testing.assert_array_equal(_U([5, 900, 17]), full[[5, 900, 17]])
+  np.testing.assert_array_equal(_U(np.arange(1000).reshape(10, 100)),
+                                full.reshape(10, 100))
+  sub = _U(np.arange(50), num_sub=6)
+  np.testing.assert_array_equal(_U([3, 4], num_sub=6), sub[3:5])
+
+
+def test_same_bits_eager_graph_and_xla():
+  """The hash and uniforms are bit-identical on every path; the inverse-CDF
+  normals differ by float rounding of ndtri between TF and XLA kernels."""
+  idx = tf.constant(np.arange(4096).reshape(4, 1024), tf.int64)
+  step = tf.constant(9, tf.int64)
+  for fn, exact in (
+      (lambda i, s: rr.TokenHash(11, rr.STREAM_NOISE, s, i, 8), True),
+      (lambda i, s: rr.TokenUniform(11, rr.STREAM_NOISE, s, i, 8), True),
+      (lambda i, s: rr.TokenNormal(11, rr.STREAM_NOISE, s, i, 8), False)):
+    eager = fn(idx, step).numpy()
+    np.testing.assert_array_equal(fn(idx, 9).numpy(), eager)  # Python step.
+    for jit in (False, True):
+      got = tf.function(fn, jit_compile=jit)(idx, step).numpy()
+      if exact:
+        np.testing.assert_array_equal(got, eager)
+      else:
+        np.testing.assert_allclose(got, eager, rtol=1e-5, atol=1e-6)
+
+
+def test_keys_change_the_draws():
+  base = _U(np.arange(10000))
+  for other in (_U(np.arange(10000), seed=8), _U(np.arange(10000), step=4),
+                _U(np.arange(10000), stream=rr.STREAM_GUMBEL),
+                _U(np.arange(10000) + 2**32),
+                _U(np.arange(10000) + 1)):
+    assert np.mean(other == base) < 0.001
+    assert abs(np.corrcoef(other, base)[0, 1]) < 0.05
+  np.testing.assert_array_equal(_U([0, 1], step=None), _U([0, 1], step=0))
+
+
+def test_distributions():
+  n = 200000
+  u = np.sort(_U(np.arange(n)))
+  assert 0.0 < u[0] and u[-1] < 1.0
+  # Kolmogorov-Smirnov vs U(0,1): critical value at alpha=0.001 is 1.95/sqrt(n).
+  ks = np.max(np.abs(u - (np.arange(1, n + 1) - 0.5) / n))
+  assert ks < 1.95 / np.sqrt(n)
+  un = _U(np.arange(n))
+  assert abs(np.corrcoef(un[:-1], un[1:])[0, 1]) < 0.01
+  z = rr.TokenNormal(1, rr.STREAM_NOISE, 0,
+                     tf.range(n // 8, dtype=tf.int64), 8).numpy().ravel()
+  assert abs(z.mean()) < 0.01 and abs(z.std() - 1) < 0.01
+  assert abs(np.mean(z > 1.0) - 0.158655) < 0.005
+  gum = rr.TokenGumbel(1, rr.STREAM_GUMBEL, 0,
+                       tf.range(n, dtype=tf.int64)).numpy()
+  assert abs(gum.mean() - 0.5772157) < 0.01          # Euler's constant.
+
+
+def test_global_token_index():
+  np.testing.assert_array_equal(
+      rr.GlobalTokenIndex([2, 3], token_offset=10).numpy(),
+      [[10, 11, 12], [13, 14, 15]])

@@ -1,0 +1,155 @@
+"""Transformer layers and stacks: sublayer wiring, MoE placement,
+incremental decoding, stateless dropout."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lingshard.layers import attention
+from lingshard.layers import dropout
+from lingshard.layers import moe
+from lingshard.layers import transformer
+
+SHAPE = dict(model_dim=8, hidden_dim=16, num_heads=2, dim_per_head=4)
+
+
+def _Moe(**kw):
+  return moe.MoELayer.Params().Set(num_experts=4, num_groups=1,
+                                   expert_capacity=64, **kw)
+
+
+def _Stack(**kw):
+  return transformer.TransformerStack.Params().Set(
+      name='stack', **SHAPE).Set(**kw).Instantiate()
+
+
+def _Inputs(b=2, t=5, seed=0):
+  rng = np.random.RandomState(seed)
+  return rng.normal(size=[b, t, 8]).astype(np.float32)
+
+
+@pytest.mark.parametrize('num_layers,moe_layers,want', [
+    (6, None, [1, 3, 5]), (5, None, [1, 3]), (4, [0, 2], [0, 2]),
+    (3, [], [])])
+def testMoePlacementFollowsParams(num_layers, moe_layers, want):
+  stack = _Stack(num_layers=num_layers, moe_tpl=_Moe(), moe_layers=moe_layers)
+  got = [i for i, layer in enumerate(stack.layer) if layer.is_moe]
+  assert got == want
+  for i, layer in enumerate(stack.layer):
+    assert ('moe' in layer.children) == (i in want)
+    assert ('ffn' in layer.children) == (i not in want)
+  x = _Inputs()
+  _, aux = stack.FProp(stack.theta, x, np.zeros([2, 5], np.float32))
+  assert sorted(aux) == [f'layer_{i:03d}' for i in want]
+  for a in aux.values():
+    assert a.aux_loss.shape == () and 'over_capacity_first' in a.metrics
+
+
+def testDenseStackHasNoMoe():
+  stack = _Stack(num_layers=3)
+  assert not any(layer.is_moe for layer in stack.layer)
+  with pytest.raises(ValueError, match='moe_layers .* given but moe_tpl is'):
+    _Stack(num_layers=3, moe_layers=[1])
+  with pytest.raises(ValueError, match='out of range'):
+    _Stack(num_layers=3, moe_tpl=_Moe(), moe_layers=[3])
+
+
+def _Manual(layer, theta, x, paddings, enc=None, enc_paddings=None):
+  """Reference composition of the sublayers (module docstring formulas)."""
+  post = layer.params.norm_policy == 'post'
+
+  def Sub(name, x, fn):
+    ln = getattr(layer, f'{name}_ln')
+
+    def Norm(v):
+      return ln.FProp(theta[f'{name}_ln'], v)
+
+    return Norm(x + fn(x)) if post else x + fn(Norm(x))
+
+  x = Sub('self_atten', x, lambda h: layer.self_atten.FProp(
+      theta.self_atten, h, key_paddings_bs=paddings,
+      causal=layer.params.is_decoder))
+  if enc is not None:
+    x = Sub('cross_atten', x, lambda h: layer.cross_atten.FProp(
+        theta.cross_atten, h, enc, enc_paddings))
+  return Sub('ffn', x, lambda h: layer.ffn.FProp(theta.ffn, h))
+
+
+@pytest.mark.parametrize('norm', ['pre', 'post'])
+@pytest.mark.parametrize('is_decoder', [False, True])
+def testLayerIsResidualNormComposition(norm, is_decoder):
+  layer = transformer.TransformerLayer.Params().Set(
+      name='layer', norm_policy=norm, is_decoder=is_decoder,
+      **SHAPE).Instantiate()
+  # Non-trivial norm weights so that misplaced norms show.
+  theta = layer.theta.Transform(lambda v: v.numpy() + 0.1 * (
+      np.arange(v.shape.num_elements()) % 3).reshape(v.shape).astype(
+          np.float32))
+  x = _Inputs()
+  paddings = np.array([[0, 0, 0, 0, 1], [0, 0, 0, 1, 1]], np.float32)
+  enc = _Inputs(t=3, seed=1) if is_decoder else None
+  enc_pad = np.zeros([2, 3], np.float32) if is_decoder else None
+  got, aux = layer.FProp(theta, x, paddings, enc, enc_pad)
+  assert aux is None
+  want = _Manual(layer, theta, tf.constant(x), paddings, enc, enc_pad)
+  np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+
+
+def testPostNormStackOutputIsNormalised():
+  stack = _Stack(num_layers=2, norm_policy='post')
+  assert 'final_ln' not in stack.children
+  y, _ = stack.FProp(stack.theta, _Inputs(), np.zeros([2, 5], np.float32))
+  np.testing.assert_allclose(y.numpy().mean(-1), 0.0, atol=1e-5)
+
+
+@pytest.mark.parametrize('use_moe', [False, True])
+def testDecoderExtendStepEqualsFProp(use_moe):
+  stack = _Stack(num_layers=2, is_decoder=True,
+                 moe_tpl=_Moe() if use_moe else None)
+  x = _Inputs(t=4)
+  enc = _Inputs(t=3, seed=1)
+  enc_pad = np.array([[0, 0, 1], [0, 0, 0]], np.float32)
+  full, _ = stack.FProp(stack.theta, x, np.zeros([2, 4], np.float32), enc,
+                        enc_pad)
+  caches = stack.InitCache(2, 4)
+  kvs = stack.CrossKeyValues(stack.theta, enc)
+  cross_mask = attention.PaddingMask(enc_pad, 1)
+  for t in range(4):
+    mask = np.tile((np.arange(4) <= t)[None, None], [2, 1, 1]).astype(
+        np.float32)
+    out, caches = stack.ExtendStep(stack.theta, x[:, t:t + 1], caches,
+                                   tf.constant([t]), mask, kvs, cross_mask)
+    np.testing.assert_allclose(out.numpy()[:, 0], full.numpy()[:, t],
+                               atol=1e-5)
+
+
+def testResidualDropoutIsStatelessPerStepAndLayer():
+  stack = _Stack(num_layers=2, residual_dropout_prob=0.3)
+  x, pad = _Inputs(), np.zeros([2, 5], np.float32)
+
+  def run(step):
+    return stack.FProp(stack.theta, x, pad, step=step)[0].numpy()
+
+  np.testing.assert_array_equal(run(5), run(5))
+  assert np.abs(run(5) - run(6)).max() > 1e-3
+  inference = transformer.TransformerStack.Params().Set(
+      name='stack', num_layers=2, residual_dropout_prob=0.3,
+      is_inference=True, **SHAPE).Instantiate()
+  no_drop = _Stack(num_layers=2)
+  np.testing.assert_allclose(
+      inference.FProp(stack.theta, x, pad, step=5)[0].numpy(),
+      no_drop.FProp(stack.theta, x, pad)[0].numpy(), atol=1e-6)
+  # Each dropout layer has its own seed (from its path).
+  seeds = {d.layer_seed for d in stack._AllLayers()  # pylint: disable=protected-access
+           if isinstance(d, dropout.DropoutLayer)}
+  assert len(seeds) == 2 * 4  # 2 layers x (2 residual + atten + relu).
+
+
+def testDropoutMaskStatistics():
+  layer = dropout.DropoutLayer.Params().Set(name='d',
+                                            dropout_prob=0.25).Instantiate()
+  y = layer.FProp(layer.theta, tf.ones([200, 100]), step=3).numpy()
+  assert set(np.unique(y)) <= {0.0, np.float32(1 / 0.75)}
+  assert abs((y == 0).mean() - 0.25) < 0.02
+  with pytest.raises(ValueError, match=r'dropout_prob must be in \[0, 1\)'):
+    dropout.DropoutLayer.Params().Set(dropout_prob=1.0).Instantiate()

@@ -1,0 +1,112 @@
+"""The registered M4 configs: GShard Table 1 settings, text round trip, and
+one train step of every CPU-sized config."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lingshard import hyperparams
+from lingshard import model_registry
+from lingshard.data import inputs
+from lingshard.params import m4
+from lingshard.tools import count_params
+from lingshard.train import step as step_lib
+from tests.models import mt_testlib
+
+TABLE1 = {  # key: (experts per layer, enc + dec layers)
+    'm4.MoE128E12L': (128, 12), 'm4.MoE128E36L': (128, 36),
+    'm4.MoE512E12L': (512, 12), 'm4.MoE512E36L': (512, 36),
+    'm4.MoE2048E12L': (2048, 12), 'm4.MoE2048E36L': (2048, 36),
+    'm4.MoE2048E60L': (2048, 60)}
+M4_KEYS = sorted(k for k in model_registry.ListModels() if k.startswith('m4.'))
+
+
+def testEveryTable1ConfigIsRegistered():
+  assert set(TABLE1) <= set(M4_KEYS)
+  assert {'m4.DenseT96L', 'm4.TinyMoE', 'm4.TinyDense'} <= set(M4_KEYS)
+
+
+@pytest.mark.parametrize('key', sorted(TABLE1))
+def testTable1Settings(key):
+  experts, layers = TABLE1[key]
+  p = model_registry.GetParams(key, 'Train')
+  t = p.task
+  assert (t.model_dim, t.hidden_dim, t.num_heads, t.dim_per_head) == (
+      1024, 8192, 16, 128)
+  assert (t.src_vocab_size, t.tgt_vocab_size) == (64000, 32000)
+  assert t.num_encoder_layers == t.num_decoder_layers == layers // 2
+  assert (t.input_dropout_prob, t.residual_dropout_prob,
+          t.atten_dropout_prob) == (0.1, 0.1, 0.1)
+  assert t.moe_tpl.num_experts == experts
+  assert np.size(t.device_mesh) == experts  # One device per expert.
+  assert (t.train.optimizer, t.train.learning_rate, t.train.lr_schedule,
+          t.train.warmup_steps) == ('adafactor', 1.0, 'rsqrt_decay', 10000)
+  # Experts total (Table 1 column) = E * L/2: every other layer is MoE.
+  task = t.Instantiate()  # Declares weights only; allocates nothing.
+  for stack in (task.enc, task.dec):
+    moe_at = [i for i, layer in enumerate(stack.layer) if layer.is_moe]
+    assert moe_at == list(range(1, layers // 2, 2))
+    for i in moe_at:
+      assert stack.layer[i].moe.params.num_experts == experts
+  assert sum(experts * len(s.layer) // 2 for s in (task.enc, task.dec)) == (
+      experts * layers // 2)
+  assert p.input.cls is inputs.MtInput
+  assert p.input.file_pattern.startswith(m4.DATA_DIR)
+
+
+@pytest.mark.parametrize('key', M4_KEYS)
+def testParamsTextRoundTrip(key):
+  p = model_registry.GetParams(key, 'Train')
+  text = p.ToText()
+  q = model_registry.GetParams(key, 'Train')
+  q.task.Set(model_dim=1, train=q.task.train.Copy().Set(learning_rate=0.5))
+  q.FromText(text)
+  assert q == p
+  assert isinstance(q.task.decode, hyperparams.Params)
+
+
+CPU_KEYS = [k for k in M4_KEYS
+            if count_params.CountModel(k).total < 50_000_000]
+
+
+def testCpuSizedConfigs():
+  assert CPU_KEYS == ['m4.TinyDense', 'm4.TinyMoE']
+
+
+@pytest.mark.parametrize('key', CPU_KEYS)
+def testCpuSizedConfigRunsOneTrainStep(key):
+  model = model_registry.GetParams(key, 'Train').Instantiate()
+  task = model.task
+  batch = mt_testlib.SyntheticBatch(task.params, batch_size=8, src_len=8,
+                                    tgt_len=8)
+  step_fn = step_lib.TrainStep(task)
+  theta = task.theta.Transform(tf.convert_to_tensor)
+  new_theta, _, metrics = step_fn(theta, step_fn.InitOptState(theta), batch,
+                                  tf.constant(0, tf.int64))
+  assert float(metrics.is_finite[0]) == 1.0
+  assert np.isfinite(float(metrics.loss[0]))
+  changed = [float(tf.reduce_max(tf.abs(a - b))) > 0
+             for a, b in zip(new_theta.Flatten(), theta.Flatten())]
+  assert sum(changed) == len(changed), 'every weight gets an update'
+
+
+@pytest.mark.parametrize('key', ['m4.TinyMoE', 'm4.MoE2048E36L'])
+def testMeshPropagatesAndEveryWeightHasALayout(key):
+  task = model_registry.GetParams(key, 'Train').task.Instantiate()
+  mesh = task.params.device_mesh
+  assert task.params.mesh_axis_names == m4.MESH_AXIS_NAMES
+  for layer in task._AllLayers():  # pylint: disable=protected-access
+    np.testing.assert_array_equal(layer.params.device_mesh, mesh)
+    assert layer.params.mesh_axis_names == m4.MESH_AXIS_NAMES
+  for name, wp in task.DeclaredWeights().FlattenItems():
+    np.testing.assert_array_equal(wp.device_mesh, mesh)
+    mapping = wp.tensor_split_dims_mapping
+    if '.moe.' in name and name.rsplit('.', 1)[1] in ('wi', 'wo'):
+      assert mapping == [0, -1, -1], name  # Experts split over the mesh.
+    else:
+      assert mapping == [-1] * len(wp.shape), name  # Replicated.
+  # Attention and dense layers split their activations on the batch dim.
+  layer = task.enc.layer[0]
+  for child in (layer.self_atten, layer.ffn.fc_in, task.src_emb):
+    for _, mapping in child.params.activation_split_dims_mapping:
+      assert mapping[0] == 0 and set(mapping[1:]) == {-1}

@@ -1,0 +1,141 @@
+"""TransformerMTModel: loss and metrics, causality, padding invariance, MoE
+placement, overfitting a fixed batch."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lingshard.layers import softmax
+from lingshard.nested_map import NestedMap
+from lingshard.train import step as step_lib
+from tests.models import mt_testlib
+
+
+def _Task(**kw):
+  return mt_testlib.TinyParams(**kw).Instantiate()
+
+
+def _Metrics(task, batch, step=0):
+  metrics, per_example = task.FProp(task.theta, batch,
+                                    step=tf.constant(step, tf.int64))
+  return {k: float(v[0]) for k, v in metrics.items()}, per_example
+
+
+@pytest.mark.parametrize('use_moe', [False, True])
+def testLossIsXentPlusWeightedAux(use_moe):
+  task = _Task(use_moe=use_moe, aux_loss_weight=0.3,
+               num_encoder_layers=4, num_decoder_layers=2)
+  batch = mt_testlib.SyntheticBatch(task.params)
+  m, per_example = _Metrics(task, batch)
+  preds = task.ComputePredictions(task.theta, batch)
+  ref = softmax.LabelSmoothedXent(preds.logits, batch.tgt.labels,
+                                  batch.tgt.weights, 0.1)
+  n = float(tf.reduce_sum(batch.tgt.weights))
+  np.testing.assert_allclose(m['xent'], float(tf.reduce_sum(ref.xent)) / n,
+                             rtol=1e-5)
+  np.testing.assert_allclose(m['log_pplx'], float(tf.reduce_sum(ref.nll)) / n,
+                             rtol=1e-5)
+  assert m['num_tgt_tokens'] == n
+  assert m['num_src_tokens'] == float(tf.reduce_sum(1 - batch.src.paddings))
+  aux_keys = sorted(k for k in m if k.endswith('_aux_loss'))
+  if use_moe:
+    # Every other layer: encoder layers 1 and 3, decoder layer 1.
+    assert aux_keys == ['dec_layer_001_aux_loss', 'enc_layer_001_aux_loss',
+                        'enc_layer_003_aux_loss']
+    assert 'enc_layer_003_over_capacity_first' in m
+    assert m['enc_layer_003_over_capacity_first'] == 0.0  # Room for all.
+    assert m['aux_loss'] > 0
+  else:
+    assert aux_keys == []
+    assert m['aux_loss'] == 0.0
+  np.testing.assert_allclose(
+      m['aux_loss'], sum(m[k] for k in aux_keys), rtol=1e-6)
+  np.testing.assert_allclose(m['loss'], m['xent'] + 0.3 * m['aux_loss'],
+                             rtol=1e-6)
+  np.testing.assert_allclose(per_example.xent.numpy().sum() / n, m['xent'],
+                             rtol=1e-5)
+
+
+@pytest.mark.parametrize('use_moe', [False, True])
+def testChangingAFutureTargetTokenChangesNoEarlierOutput(use_moe):
+  # MoE layers have room for every token: with drops, a later token's first
+  # choice can take the slot of an earlier token's second choice.
+  task = _Task(use_moe=use_moe)
+  batch = mt_testlib.SyntheticBatch(task.params, tgt_len=6,
+                                    tgt_lengths=[6, 6, 6])
+  logits = task.ComputePredictions(task.theta, batch).logits.numpy()
+  ids = batch.tgt.ids.numpy()
+  ids[:, 4] = (ids[:, 4] + 5) % task.params.tgt_vocab_size
+  batch.tgt.ids = tf.constant(ids)
+  changed = task.ComputePredictions(task.theta, batch).logits.numpy()
+  np.testing.assert_allclose(changed[:, :4], logits[:, :4], atol=1e-5)
+  assert np.abs(changed[:, 4:] - logits[:, 4:]).max() > 1e-4
+
+
+@pytest.mark.parametrize('use_moe', [False, True])
+def testExtraPaddingChangesNoLoss(use_moe):
+  task = _Task(use_moe=use_moe)
+  kw = dict(batch_size=3, seed=4, src_lengths=[3, 6, 2],
+            tgt_lengths=[5, 2, 4])
+  short = mt_testlib.SyntheticBatch(task.params, src_len=6, tgt_len=5, **kw)
+  long = mt_testlib.SyntheticBatch(task.params, src_len=9, tgt_len=8, **kw)
+  # Same real tokens; the longer batch has junk ids under its paddings.
+  for side, n in (('src', 6), ('tgt', 5)):
+    for key in ('ids', 'labels') if side == 'tgt' else ('ids',):
+      short_ids = short[side][key].numpy()
+      long_ids = long[side][key].numpy()
+      long_ids[:, :n] = short_ids
+      long_ids[:, n:] = 7
+      long[side][key] = tf.constant(long_ids)
+  m_short, ex_short = _Metrics(task, short)
+  m_long, ex_long = _Metrics(task, long)
+  for key in m_short:
+    np.testing.assert_allclose(m_long[key], m_short[key], rtol=1e-5,
+                               atol=1e-6, err_msg=key)
+  np.testing.assert_allclose(ex_long.xent, ex_short.xent, rtol=1e-5)
+
+
+def testSharedTargetEmbeddingSoftmax():
+  task = _Task(share_tgt_embedding_softmax=True)
+  assert 'softmax' not in task.children
+  batch = mt_testlib.SyntheticBatch(task.params)
+  _, _, grads = task.LossAndGradients(task.theta, batch)
+  # The target table gets gradient from both lookups and logits.
+  assert float(tf.reduce_max(tf.abs(grads.tgt_emb.emb))) > 0
+  m, _ = _Metrics(task, batch)
+  assert np.isfinite(m['loss'])
+
+
+def testDropoutUsesTheStep():
+  task = _Task(residual_dropout_prob=0.2, input_dropout_prob=0.2)
+  batch = mt_testlib.SyntheticBatch(task.params)
+  assert _Metrics(task, batch, 1)[0] == _Metrics(task, batch, 1)[0]
+  assert _Metrics(task, batch, 1)[0]['loss'] != _Metrics(task, batch,
+                                                         2)[0]['loss']
+
+
+@pytest.mark.parametrize('use_moe', [False, True])
+def testTinyModelOverfitsAFixedBatch(use_moe):
+  p = mt_testlib.TinyParams(use_moe=use_moe)
+  p.train.Set(optimizer='adam', learning_rate=3e-3, lr_schedule='constant')
+  task = p.Instantiate()
+  batch = mt_testlib.SyntheticBatch(task.params, batch_size=4, seed=2)
+  step_fn = step_lib.TrainStep(task)
+  theta = task.theta.Transform(tf.convert_to_tensor)
+  opt_state = step_fn.InitOptState(theta)
+  losses = []
+  for i in range(60):
+    theta, opt_state, metrics = step_fn(theta, opt_state, batch,
+                                        tf.constant(i, tf.int64))
+    losses.append(float(metrics.log_pplx[0]))
+  assert losses[-1] < 0.25 * losses[0], losses[::10]
+
+
+def testPredictionsKeepPerExpertMetrics():
+  task = _Task(use_moe=True)
+  preds = task.ComputePredictions(task.theta,
+                                  mt_testlib.SyntheticBatch(task.params))
+  per_expert = preds.moe_aux.enc.layer_001.metrics.tokens_per_expert_first
+  assert per_expert.shape == (4,)
+  np.testing.assert_allclose(float(tf.reduce_sum(per_expert)), 1.0, rtol=1e-5)
+  assert isinstance(preds.moe_aux.dec, NestedMap)

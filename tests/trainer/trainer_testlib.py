@@ -1,0 +1,39 @@
+"""Helpers for the trainer tests: parse trainer flags in-process, or run the
+trainer binary in a subprocess."""
+
+import os
+import subprocess
+import sys
+
+from absl import flags
+from lingshard import trainer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def ParseFlags(*args):
+  """Trainer flags parsed from `args` on a fresh FlagValues."""
+  fv = flags.FlagValues()
+  trainer.DefineFlags(fv)
+  fv(['trainer'] + list(args))
+  return fv
+
+
+def TrainerEnv():
+  env = dict(os.environ)
+  env['TF_CPP_MIN_LOG_LEVEL'] = '2'
+  env['PYTHONPATH'] = REPO + os.pathsep + env.get('PYTHONPATH', '')
+  env.pop('TF_CONFIG', None)
+  return env
+
+
+def TrainerCommand(*args):
+  return [sys.executable, '-m', 'lingshard.trainer'] + list(args)
+
+
+def RunTrainer(*args, timeout=300):
+  """Runs the trainer binary to completion; returns CompletedProcess."""
+  return subprocess.run(TrainerCommand(*args), env=TrainerEnv(), cwd=REPO,
+                        capture_output=True, text=True, timeout=timeout,
+                        check=False)
