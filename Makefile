@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint install clean
+.PHONY: demo smoke test lint install clean
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
 $(STAMP): setup.py
@@ -18,7 +18,13 @@ $(STAMP): setup.py
 
 install: $(STAMP)
 
+# Prepares the real multilingual corpus, trains the CPU-sized M4 MoE model
+# for a bounded time, decodes and scores it against copying the source.
 demo: $(STAMP)
+	$(BIN)/python -m lingshard.tools.demo
+
+# A few training steps of the toy model (seconds).
+smoke: $(STAMP)
 	$(BIN)/python -m lingshard.tools.smoke --model=toy.FFRegression --steps=50 --log_every=10
 
 test: $(STAMP)

@@ -2,7 +2,10 @@
 
 For top-2 routing at capacity factor 1 the experts do the work of a dense
 FFN with hidden 2H on the same tokens (E*G*C = 2*G*S rows of M->H->M), so
-the MoE/dense time ratio measures the cost of gating, dispatch and combine.
+the MoE/dense time ratio measures the cost of gating, dispatch and combine,
+plus moving E times more weight bytes: at fixed H the expert weights (and
+their gradients) grow with E (E=256: 2 x 1 GiB vs 16 MiB dense), so large-E
+configs are bound by memory bandwidth, not by FLOPs.
 
 Each step computes the loss sum(y * r) (+ aux) and the gradients w.r.t. the
 inputs and every weight. Timing is interleaved: every repetition runs each
@@ -31,8 +34,8 @@ def _Args():
   ap.add_argument('--capacity_factor', type=float, default=1.0)
   ap.add_argument('--impls', nargs='+', default=['gather', 'einsum'])
   ap.add_argument('--modes', nargs='+', default=['graph', 'jit'])
-  ap.add_argument('--einsum_max_experts', type=int, default=16,
-                  help='Skip the O(GSECM) einsum impl above this E (slow).')
+  ap.add_argument('--einsum_max_experts', type=int, default=256,
+                  help='Skip the O(GSECM) einsum impl above this E.')
   ap.add_argument('--reps', type=int, default=5)
   ap.add_argument('--warmup', type=int, default=1)
   ap.add_argument('--allocator', choices=['bfc', 'default'], default='bfc',

@@ -190,7 +190,12 @@ TINY_DENSE_HIDDEN = TINY_EXPERT_HIDDEN * 3 // 2 + TINY_EXPERTS // 4
 
 
 def _TinyTrain(p):
-  p.train.Set(optimizer='adam', learning_rate=1e-3, lr_schedule='rsqrt',
+  # Minutes of CPU training see under one epoch: no dropout, a high peak
+  # learning rate (measured on the demo corpus: at step ~470 the loss this
+  # gives is what lr 1e-3 with dropout 0.1 reached at step ~1450).
+  p.Set(input_dropout_prob=0.0, residual_dropout_prob=0.0,
+        atten_dropout_prob=0.0)
+  p.train.Set(optimizer='adam', learning_rate=2e-3, lr_schedule='rsqrt',
               warmup_steps=200, max_steps=3000, clip_gradient_norm_to_value=1.0)
   p.decode.max_decode_len = 48
   return p
