@@ -36,7 +36,7 @@ flags.DEFINE_string('logdir', 'logs/demo', 'Trainer logdir.',
 flags.DEFINE_integer('train_seconds', 960, 'Training time budget; 0 skips '
                      'training and scores the latest checkpoint.',
                      flag_values=FLAGS)
-flags.DEFINE_integer('max_steps', 100000, 'Step cap (the time budget binds).',
+flags.DEFINE_integer('max_steps', 4000, 'Step cap (the time budget binds).',
                      flag_values=FLAGS)
 flags.DEFINE_string('params_override', '', 'Extra trainer overrides.',
                     flag_values=FLAGS)
