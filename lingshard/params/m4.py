@@ -190,12 +190,13 @@ TINY_DENSE_HIDDEN = TINY_EXPERT_HIDDEN * 3 // 2 + TINY_EXPERTS // 4
 
 
 def _TinyTrain(p):
-  # A high peak learning rate for minutes of CPU training (on the demo
-  # corpus lr 2e-3 reaches at step ~470 the loss lr 1e-3 reached at ~1450),
-  # and dropout against memorising the ~3.8k English training strings (each
-  # recurs in ~37 languages): without it, unseen-English chrF fell.
-  p.Set(input_dropout_prob=0.2, residual_dropout_prob=0.2,
-        atten_dropout_prob=0.2)
+  # Minutes of CPU training see under one epoch: a high peak learning rate
+  # and no dropout. Measured with the README demo (16 min, chrF averaged
+  # over languages, dev_seen_en noph / dev_unseen_en noph; copy 12.07 /
+  # 11.87): dropout 0 -> 15.06 / 9.79; dropout 0.2 -> 11.77 / 9.73;
+  # lr 1e-3 with dropout 0.1 for 12 min -> 12.29 / 10.57.
+  p.Set(input_dropout_prob=0.0, residual_dropout_prob=0.0,
+        atten_dropout_prob=0.0)
   p.train.Set(optimizer='adam', learning_rate=2e-3, lr_schedule='rsqrt',
               warmup_steps=200, max_steps=3000, clip_gradient_norm_to_value=1.0)
   p.decode.max_decode_len = 48
