@@ -65,10 +65,7 @@ class MultiHeadAttention(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if min(p.input_dim, p.num_heads, p.dim_per_head) <= 0:
-      raise ValueError(f'{p.name}: input_dim, num_heads and dim_per_head must '
-                       f'be > 0, got {p.input_dim}, {p.num_heads}, '
-                       f'{p.dim_per_head}')
+    self.CheckPositive('input_dim', 'num_heads', 'dim_per_head')
     mnh = [p.input_dim, p.num_heads, p.dim_per_head]
     for w in ('wq', 'wk', 'wv'):
       self.CreateVariable(w, base_layer.WeightParams(mnh))

@@ -158,6 +158,16 @@ class BaseLayer(tf.Module):
                          f'{name!r}')
 
   # ----------------------------------------------------------- construction
+  def CheckPositive(self, *names):
+    """Raises ValueError naming the params unless every one is > 0."""
+    p = self._params
+    values = [p.Get(n) for n in names]
+    if any(v is None or v <= 0 for v in values):
+      listed = names[0] if len(names) == 1 else (
+          ', '.join(names[:-1]) + ' and ' + names[-1])
+      raise ValueError(f'{p.name}: {listed} must be > 0, got '
+                       + ', '.join(str(v) for v in values))
+
   def _CheckInInit(self, what):
     if self.__dict__.get('_init_depth', 0) <= 0:
       raise RuntimeError(f'{what} may only be called in __init__ '

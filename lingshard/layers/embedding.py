@@ -53,9 +53,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.vocab_size <= 0 or p.embedding_dim <= 0:
-      raise ValueError(f'{p.name}: vocab_size and embedding_dim must be > 0, '
-                       f'got {p.vocab_size}, {p.embedding_dim}')
+    self.CheckPositive('vocab_size', 'embedding_dim')
     self.CreateVariable('emb', base_layer.WeightParams(
         [p.vocab_size, p.embedding_dim],
         init=WeightInit.Gaussian(1.0 / math.sqrt(p.embedding_dim))))

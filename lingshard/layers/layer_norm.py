@@ -26,8 +26,7 @@ class LayerNorm(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.input_dim <= 0:
-      raise ValueError(f'{p.name}: input_dim must be > 0, got {p.input_dim}')
+    self.CheckPositive('input_dim')
     self.CreateVariable('scale', base_layer.WeightParams(
         [p.input_dim], init=WeightInit.Constant(1.0)))
     self.CreateVariable('bias', base_layer.WeightParams(

@@ -43,9 +43,7 @@ class LinearLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.input_dim <= 0 or p.output_dim <= 0:
-      raise ValueError(f'{p.name}: input_dim and output_dim must be > 0, got '
-                       f'{p.input_dim}, {p.output_dim}')
+    self.CheckPositive('input_dim', 'output_dim')
     self._act = Activation(p.activation)
     self.CreateVariable('w', base_layer.WeightParams(
         [p.input_dim, p.output_dim]))

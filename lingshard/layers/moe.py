@@ -119,10 +119,7 @@ class MoEBase(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.input_dim <= 0 or p.hidden_dim <= 0 or p.num_experts <= 0:
-      raise ValueError(f'{p.name}: input_dim, hidden_dim and num_experts '
-                       f'must be > 0, got {p.input_dim}, {p.hidden_dim}, '
-                       f'{p.num_experts}')
+    self.CheckPositive('input_dim', 'hidden_dim', 'num_experts')
     if (p.num_groups is None) == (p.group_size is None):
       raise ValueError(f'{p.name}: set exactly one of num_groups and '
                        f'group_size, got {p.num_groups}, {p.group_size}')

@@ -61,9 +61,7 @@ class SoftmaxLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.input_dim <= 0 or p.num_classes <= 0:
-      raise ValueError(f'{p.name}: input_dim and num_classes must be > 0, '
-                       f'got {p.input_dim}, {p.num_classes}')
+    self.CheckPositive('input_dim', 'num_classes')
     self.CreateVariable('w', base_layer.WeightParams(
         [p.input_dim, p.num_classes],
         init=WeightInit.Gaussian(1.0 / math.sqrt(p.input_dim))))

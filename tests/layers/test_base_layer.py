@@ -208,3 +208,17 @@ def test_bad_weight_mapping_fails_at_construction():
   with pytest.raises(ValueError, match=r'has 2 entries but the tensor has '
                      r'rank 1'):
     p.Instantiate()
+
+
+def test_check_positive_names_params_and_values():
+  with pytest.raises(ValueError) as e:
+    linear.LinearLayer.Params().Set(name='proj', input_dim=4,
+                                    output_dim=0).Instantiate()
+  assert str(e.value) == 'proj: input_dim and output_dim must be > 0, got 4, 0'
+  p = Block.Params().Set(name='blk', dim=3)
+  layer = p.Instantiate()
+  layer.CheckPositive('dim', 'num_extra')  # Both positive: no error.
+  with pytest.raises(ValueError) as e:
+    Block.Params().Set(name='blk', num_extra=0).Instantiate().CheckPositive(
+        'dim', 'num_extra', 'dim')
+  assert str(e.value) == 'blk: dim, num_extra and dim must be > 0, got 4, 0, 4'
