@@ -106,9 +106,7 @@ class BalancedMoELayer(moe.MoEBase):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if not 1 <= p.num_experts_per_token <= p.num_experts:
-      raise ValueError(f'{p.name}: num_experts_per_token must be in [1, '
-                       f'{p.num_experts}], got {p.num_experts_per_token}')
+    self.CheckExpertsPerToken()
     self.CreateVariable('wg', base_layer.WeightParams(
         [p.input_dim, p.num_experts]))
     # T starts at the uniform gate value 1/n.

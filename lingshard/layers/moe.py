@@ -116,6 +116,13 @@ class MoEBase(base_layer.BaseLayer):
       amap.Set(**{name: [a, r, r, r]})
     return p
 
+  def CheckExpertsPerToken(self):
+    """For top-k layers: `num_experts_per_token` must be in [1, E]."""
+    p = self.params
+    if not 1 <= p.num_experts_per_token <= p.num_experts:
+      raise ValueError(f'{p.name}: num_experts_per_token must be in [1, '
+                       f'{p.num_experts}], got {p.num_experts_per_token}')
+
   def __init__(self, params):
     super().__init__(params)
     p = self.params

@@ -145,9 +145,7 @@ class NoisyTopKMoELayer(moe.MoEBase):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if not 1 <= p.num_experts_per_token <= p.num_experts:
-      raise ValueError(f'{p.name}: num_experts_per_token must be in [1, '
-                       f'{p.num_experts}], got {p.num_experts_per_token}')
+    self.CheckExpertsPerToken()
     zero = WeightInit.Constant(0.0)
     shape = [p.input_dim, p.num_experts]
     self.CreateVariable('wg', base_layer.WeightParams(shape, init=zero))

@@ -1,5 +1,7 @@
 """`BaseTask` (a layer with a loss) and `SingleTaskModel` (task + input)."""
 
+import tensorflow as tf
+
 from lingshard import hyperparams
 from lingshard.layers import base_layer
 from lingshard.optim import adafactor
@@ -84,7 +86,6 @@ class BaseTask(base_layer.BaseLayer):
     the SPMD checker and export all call this; nothing else builds the
     model's math.
     """
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
     leaves = theta.Flatten()
     with tf.GradientTape() as tape:
       tape.watch(leaves)

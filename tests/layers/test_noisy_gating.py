@@ -209,3 +209,13 @@ def test_lm_configuration_sigmoid_output_app_c():
                              1 / (1 + np.exp(-y.numpy()[real])), rtol=1e-5)
   np.testing.assert_array_equal(y_lm.numpy()[~real], 0.0)
   np.testing.assert_allclose(aux.metrics.tokens_with_n_experts.numpy()[4], 1)
+
+
+def test_num_experts_per_token_out_of_range_is_a_clear_error():
+  p = noisy_gating.NoisyTopKMoELayer.Params().Set(
+      name='nmoe', input_dim=4, hidden_dim=8, num_experts=4, num_groups=1,
+      num_experts_per_token=5)
+  with pytest.raises(ValueError) as e:
+    p.Instantiate()
+  assert str(e.value) == ('nmoe: num_experts_per_token must be in [1, 4], '
+                          'got 5')
