@@ -106,19 +106,24 @@ class MtInput:
 
   @classmethod
   def ParamsForCorpus(cls, data_dir, split='train', direction='xx2en',
-                      noph=False):
+                      noph=False, shared_vocab=False):
     """Params reading `split` of a prepare.py output directory.
 
-    Fills file_pattern, both vocabularies for `direction` and is_eval
-    (True for any split but 'train').
+    Fills file_pattern, both vocabularies for `direction` (the shared
+    model on both sides if `shared_vocab`) and is_eval (True for any split
+    but 'train').
     """
     p = cls.Params()
-    multi = os.path.join(data_dir, vocab.VOCAB_DIR, vocab.MULTI_MODEL)
-    en = os.path.join(data_dir, vocab.VOCAB_DIR, vocab.EN_MODEL)
+    vocab_dir = os.path.join(data_dir, vocab.VOCAB_DIR)
     p.file_pattern = corpus_io.SplitPath(data_dir, split, noph=noph)
     p.direction = direction
-    p.src_vocab, p.tgt_vocab = (multi, en) if direction == 'xx2en' else (en,
-                                                                         multi)
+    if shared_vocab:
+      p.src_vocab = p.tgt_vocab = os.path.join(vocab_dir, vocab.SHARED_MODEL)
+    else:
+      multi = os.path.join(vocab_dir, vocab.MULTI_MODEL)
+      en = os.path.join(vocab_dir, vocab.EN_MODEL)
+      p.src_vocab, p.tgt_vocab = ((multi, en) if direction == 'xx2en' else
+                                  (en, multi))
     p.is_eval = split != 'train'
     return p
 

@@ -202,7 +202,7 @@ def main(argv=None):
         multi_vocab_size=args.multi_vocab_size,
         en_vocab_size=args.en_vocab_size,
         multi_character_coverage=args.multi_character_coverage,
-        seed=args.vocab_seed)
+        seed=args.vocab_seed, shared_vocab_size=args.shared_vocab_size)
     manifest = Prepare(
         paths, args.out, args.max_chars,
         (args.dev_unseen_frac, args.test_unseen_frac),

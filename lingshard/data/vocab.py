@@ -8,15 +8,21 @@ shapes the vocabulary):
   subwords, with byte fallback so that nothing becomes <unk>.
 * `spm_en.model`: the English side, plus one `<2xx>` symbol per training
   language, the target-language tag of the en -> xx direction.
+* `spm_shared.model`: one vocabulary for both sides (every source and
+  every target sentence, the `<2xx>` tags, byte fallback), for models
+  that embed source and target with one table (`share_src_tgt_embedding`):
+  a piece the source has in common with English (names, code, numbers,
+  placeholders) is then the same id on both sides. The CPU-sized demo
+  models use it.
 
-Both share the special ids below. Training is made reproducible (one
+All share the special ids below. Training is made reproducible (one
 thread, fixed seed, no sentence sampling) and the model is written from
 memory, so the file never records a path: the same corpus and settings
 give byte-identical models. The settings are saved beside the models in
 `vocab_params.json`.
 
   python -m lingshard.data.vocab DIR [--multi_vocab_size 8000]
-      [--en_vocab_size 2000]
+      [--en_vocab_size 2000] [--shared_vocab_size 4000]
 """
 
 import argparse
@@ -33,12 +39,14 @@ from lingshard.data import splits
 VOCAB_DIR = 'vocab'
 MULTI_MODEL = 'spm_multi.model'
 EN_MODEL = 'spm_en.model'
+SHARED_MODEL = 'spm_shared.model'
 PARAMS_FILE = 'vocab_params.json'
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 
 DEFAULT_MULTI_VOCAB_SIZE = 8000
 DEFAULT_EN_VOCAB_SIZE = 2000
+DEFAULT_SHARED_VOCAB_SIZE = 4000
 DEFAULT_SEED = 1234
 
 
@@ -114,11 +122,13 @@ def _WriteModel(model_bytes, path):
 def TrainVocabularies(data_dir, multi_vocab_size=DEFAULT_MULTI_VOCAB_SIZE,
                       en_vocab_size=DEFAULT_EN_VOCAB_SIZE,
                       multi_character_coverage=0.9995,
-                      en_character_coverage=1.0, seed=DEFAULT_SEED):
-  """Trains both vocabularies on `data_dir/train.tsv`.
+                      en_character_coverage=1.0, seed=DEFAULT_SEED,
+                      shared_vocab_size=DEFAULT_SHARED_VOCAB_SIZE):
+  """Trains the three vocabularies on `data_dir/train.tsv`.
 
-  Writes `data_dir/vocab/{spm_multi,spm_en}.{model,vocab}` and
-  `data_dir/vocab/vocab_params.json`.
+  Writes `data_dir/vocab/{spm_multi,spm_en,spm_shared}.{model,vocab}` and
+  `data_dir/vocab/vocab_params.json`. The shared model uses the
+  multilingual character coverage (its text is mostly non-English).
 
   Returns:
     dict with the saved parameters (also in vocab_params.json).
@@ -127,14 +137,18 @@ def TrainVocabularies(data_dir, multi_vocab_size=DEFAULT_MULTI_VOCAB_SIZE,
   langs = sorted({lang for lang, _, _ in rows})
   out_dir = os.path.join(data_dir, VOCAB_DIR)
   os.makedirs(out_dir, exist_ok=True)
+  tags = [LangTag(lg) for lg in langs]
   specs = {
       'multi': (MULTI_MODEL, [src for _, src, _ in rows],
                 TrainerOptions(multi_vocab_size, multi_character_coverage,
                                byte_fallback=True)),
       'en': (EN_MODEL, [tgt for _, _, tgt in rows],
              TrainerOptions(en_vocab_size, en_character_coverage,
-                            byte_fallback=False,
-                            user_defined_symbols=[LangTag(lg) for lg in langs])),
+                            byte_fallback=False, user_defined_symbols=tags)),
+      'shared': (SHARED_MODEL, ([src for _, src, _ in rows] +
+                                [tgt for _, _, tgt in rows]),
+                 TrainerOptions(shared_vocab_size, multi_character_coverage,
+                                byte_fallback=True, user_defined_symbols=tags)),
   }
   saved = {}
   for key in sorted(specs):
@@ -160,6 +174,9 @@ def AddFlags(parser):
   parser.add_argument('--en_vocab_size', type=int,
                       default=DEFAULT_EN_VOCAB_SIZE,
                       help='Pieces in the English model.')
+  parser.add_argument('--shared_vocab_size', type=int,
+                      default=DEFAULT_SHARED_VOCAB_SIZE,
+                      help='Pieces in the shared (source + target) model.')
   parser.add_argument('--multi_character_coverage', type=float,
                       default=0.9995,
                       help='Character coverage of the xx model (CJK-safe).')
@@ -177,7 +194,8 @@ def main(argv=None):
   try:
     saved = TrainVocabularies(
         args.data_dir, args.multi_vocab_size, args.en_vocab_size,
-        args.multi_character_coverage, seed=args.vocab_seed)
+        args.multi_character_coverage, seed=args.vocab_seed,
+        shared_vocab_size=args.shared_vocab_size)
   except corpus_io.CorpusError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

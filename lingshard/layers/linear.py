@@ -15,6 +15,9 @@ ACTIVATIONS = {
 }
 
 
+_LEAD_LETTERS = 'abcdefgijkl'  # Leading dims of x; never 'm' or 'h'.
+
+
 def Activation(name):
   """The activation function called `name`; ValueError lists the choices."""
   if name not in ACTIVATIONS:
@@ -54,7 +57,12 @@ class LinearLayer(base_layer.BaseLayer):
   def FProp(self, theta, inputs):
     """inputs [..., M] -> [..., H]."""
     x = tf.cast(inputs, self.fprop_dtype)
-    y = tf.einsum('...m,mh->...h', x, tf.cast(theta.w, self.fprop_dtype))
+    # Named letters, not '...': TF's einsum gradient for an ellipsis only
+    # one operand has materialises w's gradient per token ([..., M, H])
+    # before summing; measured 20x slower training steps on CPU.
+    lead = _LEAD_LETTERS[:x.shape.rank - 1]
+    y = tf.einsum(f'{lead}m,mh->{lead}h', x,
+                  tf.cast(theta.w, self.fprop_dtype))
     if self.params.has_bias:
       y += tf.cast(theta.b, self.fprop_dtype)
     return self.ShardActivation(self._act(y), 'out')

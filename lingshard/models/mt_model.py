@@ -4,7 +4,10 @@ Source ids -> embedding * sqrt(M) + sinusoidal positions -> dropout ->
 encoder stack; target inputs likewise -> decoder stack (causal
 self-attention, cross-attention over the encoder output) -> softmax over
 the target vocabulary (its own weights, or the target embedding when
-`share_tgt_embedding_softmax`). MoE layers replace every other FFN of both
+`share_tgt_embedding_softmax`). With `share_src_tgt_embedding` (one
+vocabulary for both sides) a single table `tgt_emb` embeds source and
+target, so a subword the source shares with English (names, code,
+numbers, placeholders) has one vector: copying it is easy to learn. MoE layers replace every other FFN of both
 stacks (or the layers `encoder_moe_layers` / `decoder_moe_layers` name).
 
 Loss (GShard §2.2): `loss = xent + aux_loss_weight * sum_l aux_l`, where
@@ -72,6 +75,9 @@ class TransformerMTModel(base_model.BaseTask):
     p.Define('label_smoothing', 0.1, 'Label smoothing eps.')
     p.Define('share_tgt_embedding_softmax', False,
              'Use the target embedding as the softmax weights.')
+    p.Define('share_src_tgt_embedding', False,
+             'One table (tgt_emb) embeds both sides; needs a shared '
+             'vocabulary (src_vocab_size == tgt_vocab_size).')
     p.Define('moe_tpl', None, 'MoE layer params; None = dense model.')
     p.Define('encoder_moe_layers', None,
              'Encoder layers with MoE FFNs; None = every other (1, 3, ...).')
@@ -103,7 +109,12 @@ class TransformerMTModel(base_model.BaseTask):
     super().__init__(params)
     p = self.params
     emb = embedding.EmbeddingLayer.Params().Set(embedding_dim=p.model_dim)
-    self.CreateChild('src_emb', emb.Copy().Set(vocab_size=p.src_vocab_size))
+    if p.share_src_tgt_embedding and p.src_vocab_size != p.tgt_vocab_size:
+      raise ValueError(
+          f'share_src_tgt_embedding needs one vocabulary: src_vocab_size '
+          f'{p.src_vocab_size} != tgt_vocab_size {p.tgt_vocab_size}')
+    if not p.share_src_tgt_embedding:
+      self.CreateChild('src_emb', emb.Copy().Set(vocab_size=p.src_vocab_size))
     self.CreateChild('tgt_emb', emb.Copy().Set(vocab_size=p.tgt_vocab_size))
     self.CreateChild('pos_emb', position.PositionalEncoding.Params().Set(
         embedding_dim=p.model_dim))
@@ -118,8 +129,8 @@ class TransformerMTModel(base_model.BaseTask):
 
   # ---------------------------------------------------------------- forward
   def _Embed(self, theta, side, ids_bt, step):
-    emb = self.src_emb if side == 'src' else self.tgt_emb
-    x = emb.FProp(theta[f'{side}_emb'], ids_bt)
+    table = 'tgt' if self.params.share_src_tgt_embedding else side
+    x = self.children[f'{table}_emb'].FProp(theta[f'{table}_emb'], ids_bt)
     x += self.pos_emb.FProp(theta.pos_emb, seq_length=tf.shape(ids_bt)[1])
     drop = self.src_dropout if side == 'src' else self.tgt_dropout
     return drop.FProp(theta[f'{side}_dropout'], x, step=step)

@@ -1,6 +1,6 @@
 """The README demo: real multilingual data -> MoE Transformer -> BLEU/chrF.
 
-  python -m lingshard.tools.demo [--model=m4.TinyMoE] [--train_seconds=960]
+  python -m lingshard.tools.demo [--model=m4.TinyMoE] [--train_seconds=720]
 
 1. prepares the corpus (`lingshard.data.prepare`; skipped if present),
 2. trains the model with the trainer binary for a bounded time,
@@ -21,8 +21,10 @@ import time
 
 from absl import flags
 
+from lingshard import model_registry
 from lingshard.data import corpus_io
 from lingshard.data import splits
+from lingshard.data import vocab
 from lingshard.tools import cli
 from lingshard.train import decode_loop
 
@@ -33,10 +35,10 @@ flags.DEFINE_string('data_dir', 'data/ui_m4', 'Prepared corpus directory.',
                     flag_values=FLAGS)
 flags.DEFINE_string('logdir', 'logs/demo', 'Trainer logdir.',
                     flag_values=FLAGS)
-flags.DEFINE_integer('train_seconds', 960, 'Training time budget; 0 skips '
+flags.DEFINE_integer('train_seconds', 720, 'Training time budget; 0 skips '
                      'training and scores the latest checkpoint.',
                      flag_values=FLAGS)
-flags.DEFINE_integer('max_steps', 4000, 'Step cap (the time budget binds).',
+flags.DEFINE_integer('max_steps', 20000, 'Step cap (the time budget binds).',
                      flag_values=FLAGS)
 flags.DEFINE_string('params_override', '', 'Extra trainer overrides.',
                     flag_values=FLAGS)
@@ -50,6 +52,16 @@ def _Run(args, printer=print):
   printer('$ ' + ' '.join(shlex.quote(a) for a in cmd), flush=True)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   subprocess.run(cmd, check=True, env=env)
+
+
+def _VocabOverrides(model, data_dir):
+  """The model's own vocabulary files (by name), taken from `data_dir`."""
+  p = model_registry.GetParams(model, 'Train').input
+  out = []
+  for key in ('src_vocab', 'tgt_vocab'):
+    path = os.path.join(data_dir, vocab.VOCAB_DIR, os.path.basename(p.Get(key)))
+    out.append(f"input.{key}='{path}'")
+  return out
 
 
 def _Records(decode_dir):
@@ -96,10 +108,8 @@ def main(argv):
     _Run(['lingshard.data.prepare', '--out', data_dir])
   base = ['lingshard.trainer', f'--model={FLAGS.model}', f'--logdir={logdir}']
   overrides = ';'.join(o for o in (
-      f"input.file_pattern='{data_dir}/train.tsv'",
-      f"input.src_vocab='{data_dir}/vocab/spm_multi.model'",
-      f"input.tgt_vocab='{data_dir}/vocab/spm_en.model'",
-      FLAGS.params_override) if o)
+      [f"input.file_pattern='{data_dir}/train.tsv'"] +
+      _VocabOverrides(FLAGS.model, data_dir) + [FLAGS.params_override]) if o)
   train_start = time.time()
   if FLAGS.train_seconds > 0:
     _Run(base + ['--mode=train', '--jit', f'--max_steps={FLAGS.max_steps}',

@@ -18,7 +18,8 @@ PREPARE_KWARGS = dict(max_chars=150, unseen_fracs=(0.15, 0.15),
                       seen_fracs=(0.15, 0.15))
 # Byte fallback needs 256 byte pieces plus every required character, so the
 # multilingual model cannot be much smaller than this on the fixture.
-VOCAB_KWARGS = dict(multi_vocab_size=500, en_vocab_size=150)
+VOCAB_KWARGS = dict(multi_vocab_size=500, en_vocab_size=150,
+                    shared_vocab_size=600)
 
 
 def BuildWheel(out_path, tree=FIXTURE_TREE):

@@ -20,17 +20,18 @@ def _Load(prepared_dir, name):
 def testSpecialIdsAndLanguageTags(prepared_dir):
   train = corpus_io.ReadTsv(os.path.join(prepared_dir, 'train.tsv'))
   langs = sorted({r[0] for r in train})
-  for name in (vocab.MULTI_MODEL, vocab.EN_MODEL):
+  for name in (vocab.MULTI_MODEL, vocab.EN_MODEL, vocab.SHARED_MODEL):
     sp = _Load(prepared_dir, name)
     assert (sp.pad_id(), sp.bos_id(), sp.eos_id(), sp.unk_id()) == (
         vocab.PAD_ID, vocab.BOS_ID, vocab.EOS_ID, vocab.UNK_ID)
-  en = _Load(prepared_dir, vocab.EN_MODEL)
-  for lang in langs:
-    tag = vocab.LangTag(lang)
-    assert en.piece_to_id(tag) != en.unk_id()
-    # A tag in running text stays one piece.
-    pieces = en.encode(f'{tag} Save', out_type=str)
-    assert tag in pieces
+  for name in (vocab.EN_MODEL, vocab.SHARED_MODEL):
+    sp = _Load(prepared_dir, name)
+    for lang in langs:
+      tag = vocab.LangTag(lang)
+      assert sp.piece_to_id(tag) != sp.unk_id()
+      # A tag in running text stays one piece.
+      pieces = sp.encode(f'{tag} Save', out_type=str)
+      assert tag in pieces
 
 
 def _Nfkc(text):
@@ -41,22 +42,31 @@ def testModelsRoundTripTheirTrainingText(prepared_dir):
   train = corpus_io.ReadTsv(os.path.join(prepared_dir, 'train.tsv'))
   multi = _Load(prepared_dir, vocab.MULTI_MODEL)
   en = _Load(prepared_dir, vocab.EN_MODEL)
+  shared = _Load(prepared_dir, vocab.SHARED_MODEL)
   for _, source, target in train:
     # Lossless up to the models' NFKC normalization (e.g. '…' -> '...').
     assert multi.decode(multi.encode(source)) == _Nfkc(source)
     assert en.decode(en.encode(target)) == _Nfkc(target)
+    for text in (source, target):
+      assert shared.decode(shared.encode(text)) == _Nfkc(text)
   # Byte fallback: characters never seen in training still round-trip.
   unseen = 'Ω€ 😀 ŝ'
-  ids = multi.encode(unseen)
-  assert multi.unk_id() not in ids
-  assert multi.decode(ids) == unseen
+  for sp in (multi, shared):
+    ids = sp.encode(unseen)
+    assert sp.unk_id() not in ids
+    assert sp.decode(ids) == unseen
 
 
 def testParamsFileRecordsTheTraining(prepared_dir):
   path = os.path.join(prepared_dir, vocab.VOCAB_DIR, vocab.PARAMS_FILE)
   with open(path, encoding='utf-8') as f:
     saved = json.load(f)
-  assert sorted(saved) == ['en', 'multi']
+  assert sorted(saved) == ['en', 'multi', 'shared']
+  shared = _Load(prepared_dir, vocab.SHARED_MODEL)
+  assert saved['shared']['actual_vocab_size'] == shared.get_piece_size()
+  assert saved['shared']['trainer_options']['vocab_size'] == 600
+  # Trained on both sides of every pair.
+  assert saved['shared']['num_sentences'] == 2 * saved['en']['num_sentences']
   multi = _Load(prepared_dir, vocab.MULTI_MODEL)
   assert saved['multi']['actual_vocab_size'] == multi.get_piece_size()
   assert saved['multi']['trainer_options']['vocab_size'] == 500

@@ -107,6 +107,6 @@ def testMeshPropagatesAndEveryWeightHasALayout(key):
       assert mapping == [-1] * len(wp.shape), name  # Replicated.
   # Attention and dense layers split their activations on the batch dim.
   layer = task.enc.layer[0]
-  for child in (layer.self_atten, layer.ffn.fc_in, task.src_emb):
+  for child in (layer.self_atten, layer.ffn.fc_in, task.tgt_emb):
     for _, mapping in child.params.activation_split_dims_mapping:
       assert mapping[0] == 0 and set(mapping[1:]) == {-1}

@@ -15,8 +15,9 @@ def _Task(**kw):
   return mt_testlib.TinyParams(**kw).Instantiate()
 
 
-def _Metrics(task, batch, step=0):
-  metrics, per_example = task.FProp(task.theta, batch,
+def _Metrics(task, batch, step=0, theta=None):
+  metrics, per_example = task.FProp(task.theta if theta is None else theta,
+                                    batch,
                                     step=tf.constant(step, tf.int64))
   return {k: float(v[0]) for k, v in metrics.items()}, per_example
 
@@ -104,6 +105,30 @@ def testSharedTargetEmbeddingSoftmax():
   assert float(tf.reduce_max(tf.abs(grads.tgt_emb.emb))) > 0
   m, _ = _Metrics(task, batch)
   assert np.isfinite(m['loss'])
+
+
+def testSharedSourceTargetTable():
+  task = _Task(src_vocab_size=19, share_src_tgt_embedding=True,
+               share_tgt_embedding_softmax=True)
+  assert 'src_emb' not in task.children and 'softmax' not in task.children
+  batch = mt_testlib.SyntheticBatch(task.params)
+  # The source side reads the one table: changing a row only the source
+  # uses changes the loss.
+  src_only = sorted(set(batch.src.ids.numpy().ravel()) -
+                    set(batch.tgt.ids.numpy().ravel()) -
+                    set(batch.tgt.labels.numpy().ravel()) - {0})
+  assert src_only
+  theta = task.theta.Transform(tf.convert_to_tensor)
+  base = _Metrics(task, batch, theta=theta)[0]['loss']
+  theta.tgt_emb.emb = tf.tensor_scatter_nd_add(
+      theta.tgt_emb.emb, [[src_only[0]]],
+      tf.random.stateless_normal([1, 16], seed=[3, 4]))
+  assert _Metrics(task, batch, theta=theta)[0]['loss'] != base
+  _, _, grads = task.LossAndGradients(task.theta, batch)
+  assert float(tf.reduce_max(tf.abs(grads.tgt_emb.emb[src_only[0]]))) > 0
+  with pytest.raises(ValueError, match=r'share_src_tgt_embedding needs one '
+                     r'vocabulary: src_vocab_size 23 != tgt_vocab_size 19'):
+    _Task(share_src_tgt_embedding=True)
 
 
 def testDropoutUsesTheStep():

@@ -6,6 +6,7 @@ import pytest
 
 from lingshard import model_registry
 from lingshard.layers import base_layer
+from lingshard.params import m4
 from lingshard.tools import count_params
 
 # GShard Table 1 "Weights" and the T(96L) baseline of Figure 6.
@@ -96,13 +97,30 @@ def testAdafactorSlots():
 def testTinyModelsHaveEqualFlopsPerToken():
   moe = count_params.CountModel('m4.TinyMoE')
   dense = count_params.CountModel('m4.TinyDense')
-  assert moe.flops_per_token == dense.flops_per_token == 2_088_960
-  assert moe.total == 3_116_752 and dense.total == 2_331_608
-  assert moe.by_kind['experts'] == 1_048_576
+  # 2+2 layers, M = N*K = 128, H = 256, E = 8, one shared V = 4000 table.
+  m, h, e, v = 128, 256, 8, 4000
+  h_dense = m4.TINY_DENSE_HIDDEN
+  attention = 6 * 4 * m * m  # 2 enc self, 2 dec self, 2 dec cross.
+  experts = 2 * e * 2 * m * h  # One MoE layer per stack.
+  layer_norm = 12 * 2 * m  # 2 per enc layer, 3 per dec layer, 2 final.
+  assert moe.by_kind['embedding'] == dense.by_kind['embedding'] == v * m
+  assert moe.by_kind['attention'] == dense.by_kind['attention'] == attention
+  assert moe.by_kind['experts'] == experts
+  assert moe.by_kind['gating'] == 2 * m * e
+  assert moe.by_kind['dense_ffn'] == 2 * (2 * m * h + h + m)
+  assert dense.by_kind['dense_ffn'] == 4 * (2 * m * h_dense + h_dense + m)
+  assert moe.total == (v * m + attention + experts + 2 * m * e +
+                       2 * (2 * m * h + h + m) + layer_norm)
+  # Per token: the softmax (the shared table), every attention and dense
+  # FFN matrix, top-2 of E experts and the gating weights.
+  moe_active = v * m + attention + 2 * 2 * m * h + experts * 2 // e + 2 * m * e
+  assert moe.flops_per_token == 2 * moe_active
+  assert dense.flops_per_token == moe.flops_per_token
 
 
 def testFormat():
   text = count_params.FormatCounts('m4.TinyMoE',
                                    count_params.CountModel('m4.TinyMoE'))
   assert 'experts' in text and 'per device (8 devices)' in text
-  assert '3,116,752 parameters' in text
+  counts = count_params.CountModel('m4.TinyMoE')
+  assert f'{counts.total:,} parameters' in text
