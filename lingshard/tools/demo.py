@@ -54,14 +54,13 @@ def _Run(args, printer=print):
   subprocess.run(cmd, check=True, env=env)
 
 
-def _VocabOverrides(model, data_dir):
-  """The model's own vocabulary files (by name), taken from `data_dir`."""
+def _VocabPaths(model, data_dir):
+  """{'src_vocab': path, 'tgt_vocab': path}: the model's own vocabulary
+  files (by name), taken from `data_dir`."""
   p = model_registry.GetParams(model, 'Train').input
-  out = []
-  for key in ('src_vocab', 'tgt_vocab'):
-    path = os.path.join(data_dir, vocab.VOCAB_DIR, os.path.basename(p.Get(key)))
-    out.append(f"input.{key}='{path}'")
-  return out
+  return {key: os.path.join(data_dir, vocab.VOCAB_DIR,
+                            os.path.basename(p.Get(key)))
+          for key in ('src_vocab', 'tgt_vocab')}
 
 
 def _Records(decode_dir):
@@ -88,14 +87,21 @@ def _NophRecords(records, data_dir, split):
 
 
 def ScoreTable(rows):
-  """rows: [(split, subset, scores['average'])] -> text table."""
+  """rows: [(split, subset, ScoreByLanguage(...))] -> text table.
+
+  BLEU / chrF are averaged over languages; `pool` columns score all pairs
+  as one corpus. `chrF>copy` compares the language-averaged chrF.
+  """
   head = (f'{"split":<15}{"subset":<9}{"langs":>6}{"pairs":>7}{"BLEU":>7}'
-          f'{"chrF":>7}{"copyBLEU":>10}{"copychrF":>10}  chrF>copy')
+          f'{"chrF":>7}{"copyBLEU":>10}{"copychrF":>10}{"poolchrF":>10}'
+          f'{"copy":>7}  chrF>copy')
   lines = [head]
-  for split, subset, s in rows:
+  for split, subset, scores in rows:
+    s, p = scores['average'], scores['pooled']
     lines.append(f'{split:<15}{subset:<9}{s["languages"]:>6}{s["n"]:>7}'
                  f'{s["bleu"]:>7.2f}{s["chrf"]:>7.2f}{s["copy_bleu"]:>10.2f}'
-                 f'{s["copy_chrf"]:>10.2f}  '
+                 f'{s["copy_chrf"]:>10.2f}{p["chrf"]:>10.2f}'
+                 f'{p["copy_chrf"]:>7.2f}  '
                  f'{"yes" if s["chrf"] > s["copy_chrf"] else "NO"}')
   return '\n'.join(lines)
 
@@ -104,12 +110,17 @@ def main(argv):
   del argv
   start = time.time()
   data_dir, logdir = FLAGS.data_dir, FLAGS.logdir
+  vocab_paths = _VocabPaths(FLAGS.model, data_dir)
   if not os.path.exists(os.path.join(data_dir, 'train.tsv')):
     _Run(['lingshard.data.prepare', '--out', data_dir])
+  elif not all(os.path.exists(v) for v in vocab_paths.values()):
+    # A corpus prepared before this model's vocabulary existed.
+    _Run(['lingshard.data.vocab', data_dir])
   base = ['lingshard.trainer', f'--model={FLAGS.model}', f'--logdir={logdir}']
   overrides = ';'.join(o for o in (
       [f"input.file_pattern='{data_dir}/train.tsv'"] +
-      _VocabOverrides(FLAGS.model, data_dir) + [FLAGS.params_override]) if o)
+      [f"input.{k}='{v}'" for k, v in sorted(vocab_paths.items())] +
+      [FLAGS.params_override]) if o)
   train_start = time.time()
   if FLAGS.train_seconds > 0:
     _Run(base + ['--mode=train', '--jit', f'--max_steps={FLAGS.max_steps}',
@@ -124,8 +135,7 @@ def main(argv):
     records = _Records(os.path.join(logdir, f'decode_{split}'))
     for subset, recs in (('all', records),
                          ('noph', _NophRecords(records, data_dir, split))):
-      rows.append((split, subset,
-                   decode_loop.ScoreByLanguage(recs)['average']))
+      rows.append((split, subset, decode_loop.ScoreByLanguage(recs)))
   print('\n== lingshard demo: BLEU / chrF (averaged over languages) vs '
         'copying the source ==')
   print(ScoreTable(rows))

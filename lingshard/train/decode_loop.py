@@ -149,7 +149,8 @@ def ScoreByLanguage(records, high_resource=None):
   """Per-language and averaged BLEU/chrF of records and of copying sources.
 
   Returns {'languages': {lang: {bleu, chrf, copy_bleu, copy_chrf, n}},
-  'average' / 'high' / 'low': the same keys averaged over languages}.
+  'average' / 'high' / 'low': the same keys averaged over languages,
+  'pooled': corpus scores of all records together}.
   """
   by_lang = collections.defaultdict(list)
   for r in records:
@@ -174,6 +175,12 @@ def ScoreByLanguage(records, high_resource=None):
                                               'copy_chrf')}
     out[group]['languages'] = len(rows)
     out[group]['n'] = int(sum(r['n'] for r in rows))
+  refs = [r.reference for r in records]
+  model = CorpusScores([r.hypothesis for r in records], refs)
+  copy = CorpusScores([r.source for r in records], refs)
+  out['pooled'] = {'bleu': model['bleu'], 'chrf': model['chrf'],
+                   'copy_bleu': copy['bleu'], 'copy_chrf': copy['chrf'],
+                   'languages': len(languages), 'n': len(records)}
   return out
 
 
@@ -183,7 +190,8 @@ def FormatScores(scores):
       f'{"copychrF":>10}')
   lines = [head]
   rows = list(scores['languages'].items()) + [
-      (f'[{g}]', scores[g]) for g in ('average', 'high', 'low') if g in scores]
+      (f'[{g}]', scores[g]) for g in ('average', 'high', 'low', 'pooled')
+      if g in scores]
   for name, s in rows:
     lines.append(f'{name:<12}{s["n"]:>6}{s["bleu"]:>8.2f}{s["chrf"]:>8.2f}'
                  f'{s["copy_bleu"]:>10.2f}{s["copy_chrf"]:>10.2f}')

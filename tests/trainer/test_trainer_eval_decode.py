@@ -80,6 +80,12 @@ def test_decode_and_score(corpus, tmp_path):
   assert scores['average']['chrf'] == pytest.approx(
       (same['chrf'] + rev['chrf']) / 2)
   assert scores['average']['languages'] == 2 and scores['average']['n'] == 24
+  pooled = decode_loop.CorpusScores([r.hypothesis for r in records],
+                                    [r.reference for r in records])
+  assert scores['pooled']['chrf'] == pytest.approx(pooled['chrf'])
+  assert scores['pooled']['n'] == 24
+  # Pooled is one corpus, not the mean of the languages' scores.
+  assert scores['pooled']['bleu'] != pytest.approx(scores['average']['bleu'])
   assert decode_loop.FormatExamples(records, n=1) == (
       '[same] the cat sat on the mat\n  hyp: the cat sat on the mat\n'
       '  ref: the cat sat on the mat\n')
@@ -95,7 +101,8 @@ def test_decode_and_score(corpus, tmp_path):
   assert table[0].split() == ['lang', 'n', 'BLEU', 'chrF', 'copyBLEU',
                               'copychrF']
   assert table[2].split()[:3] == ['same', '12', '100.00']
-  assert [t.split()[0] for t in table[3:]] == ['[average]', '[high]', '[low]']
+  assert [t.split()[0] for t in table[3:]] == ['[average]', '[high]', '[low]',
+                                               '[pooled]']
 
 
 def test_permuted_table_changes_hypotheses(corpus):
@@ -127,7 +134,10 @@ def test_scores_match_sacrebleu():
   assert de['copy_chrf'] == pytest.approx(sacrebleu.corpus_chrf(
       ['Hallo Welt', 'Guten Tag'], [['hello world', 'good morning']]).score)
   assert scores['languages']['fr']['bleu'] == pytest.approx(0.0)
-  assert sorted(scores) == ['average', 'languages']
+  assert sorted(scores) == ['average', 'languages', 'pooled']
+  assert scores['pooled']['chrf'] == pytest.approx(sacrebleu.corpus_chrf(
+      ['hello world', 'good day', 'hello'],
+      [['hello world', 'good morning', 'good morning']]).score)
 
 
 def test_high_resource_languages():
