@@ -168,6 +168,14 @@ class BaseLayer(tf.Module):
       raise ValueError(f'{p.name}: {listed} must be > 0, got '
                        + ', '.join(str(v) for v in values))
 
+  def CheckOneOf(self, name, choices):
+    """Raises ValueError naming the param unless its value is in choices."""
+    p = self._params
+    value = p.Get(name)
+    if value not in choices:
+      raise ValueError(f'{p.name}: {name} must be one of {choices}, got '
+                       f'{value!r}')
+
   def _CheckInInit(self, what):
     if self.__dict__.get('_init_depth', 0) <= 0:
       raise RuntimeError(f'{what} may only be called in __init__ '

@@ -90,9 +90,7 @@ class HierarchicalMoELayer(moe.MoEBase):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.gating_kind not in GATING_KINDS:
-      raise ValueError(f'{p.name}: gating_kind must be one of {GATING_KINDS}'
-                       f', got {p.gating_kind!r}')
+    self.CheckOneOf('gating_kind', GATING_KINDS)
     a = p.num_expert_groups
     if a <= 0 or p.num_experts % a:
       raise ValueError(f'{p.name}: num_experts = {p.num_experts} must be a '

@@ -130,9 +130,7 @@ class MoEBase(base_layer.BaseLayer):
     if (p.num_groups is None) == (p.group_size is None):
       raise ValueError(f'{p.name}: set exactly one of num_groups and '
                        f'group_size, got {p.num_groups}, {p.group_size}')
-    if p.dispatch_impl not in DISPATCH_IMPLS:
-      raise ValueError(f'{p.name}: dispatch_impl must be one of '
-                       f'{DISPATCH_IMPLS}, got {p.dispatch_impl!r}')
+    self.CheckOneOf('dispatch_impl', DISPATCH_IMPLS)
     if not 0.0 <= p.dropout_rate < 1.0:
       raise ValueError(f'{p.name}: dropout_rate must be in [0, 1)')
     self._act = linear.Activation(p.activation)
@@ -329,10 +327,7 @@ class MoELayer(MoEBase):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.second_expert_policy not in gating.SECOND_EXPERT_POLICIES:
-      raise ValueError(f'{p.name}: second_expert_policy must be one of '
-                       f'{gating.SECOND_EXPERT_POLICIES}, got '
-                       f'{p.second_expert_policy!r}')
+    self.CheckOneOf('second_expert_policy', gating.SECOND_EXPERT_POLICIES)
     self.CreateVariable('wg', base_layer.WeightParams(
         [p.input_dim, p.num_experts]))
 

@@ -65,9 +65,7 @@ class TransformerLayer(base_layer.BaseLayer):
   def __init__(self, params):
     super().__init__(params)
     p = self.params
-    if p.norm_policy not in NORM_POLICIES:
-      raise ValueError(f'{p.name}: norm_policy must be one of '
-                       f'{NORM_POLICIES}, got {p.norm_policy!r}')
+    self.CheckOneOf('norm_policy', NORM_POLICIES)
     ln = layer_norm.LayerNorm.Params().Set(input_dim=p.model_dim,
                                            epsilon=p.ln_epsilon)
     drop = dropout.DropoutLayer.Params().Set(

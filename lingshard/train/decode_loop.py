@@ -145,6 +145,16 @@ def _Mean(rows, key):
   return float(np.mean([r[key] for r in rows])) if rows else float('nan')
 
 
+def _ModelAndCopy(records):
+  """Corpus BLEU/chrF of the hypotheses and of copying the sources."""
+  refs = [r.reference for r in records]
+  model = CorpusScores([r.hypothesis for r in records], refs)
+  copy = CorpusScores([r.source for r in records], refs)
+  return {'bleu': model['bleu'], 'chrf': model['chrf'],
+          'copy_bleu': copy['bleu'], 'copy_chrf': copy['chrf'],
+          'n': len(records)}
+
+
 def ScoreByLanguage(records, high_resource=None):
   """Per-language and averaged BLEU/chrF of records and of copying sources.
 
@@ -155,15 +165,7 @@ def ScoreByLanguage(records, high_resource=None):
   by_lang = collections.defaultdict(list)
   for r in records:
     by_lang[r.language].append(r)
-  languages = {}
-  for lang in sorted(by_lang):
-    rs = by_lang[lang]
-    refs = [r.reference for r in rs]
-    model = CorpusScores([r.hypothesis for r in rs], refs)
-    copy = CorpusScores([r.source for r in rs], refs)
-    languages[lang] = {'bleu': model['bleu'], 'chrf': model['chrf'],
-                       'copy_bleu': copy['bleu'], 'copy_chrf': copy['chrf'],
-                       'n': len(rs)}
+  languages = {lang: _ModelAndCopy(by_lang[lang]) for lang in sorted(by_lang)}
   out = {'languages': languages}
   groups = {'average': list(languages)}
   if high_resource is not None:
@@ -175,12 +177,7 @@ def ScoreByLanguage(records, high_resource=None):
                                               'copy_chrf')}
     out[group]['languages'] = len(rows)
     out[group]['n'] = int(sum(r['n'] for r in rows))
-  refs = [r.reference for r in records]
-  model = CorpusScores([r.hypothesis for r in records], refs)
-  copy = CorpusScores([r.source for r in records], refs)
-  out['pooled'] = {'bleu': model['bleu'], 'chrf': model['chrf'],
-                   'copy_bleu': copy['bleu'], 'copy_chrf': copy['chrf'],
-                   'languages': len(languages), 'n': len(records)}
+  out['pooled'] = dict(_ModelAndCopy(records), languages=len(languages))
   return out
 
 

@@ -287,3 +287,12 @@ def test_sharding_params_and_annotations():
                      'of the mesh axis size 2'):
     moe.MoELayer.SetExpertSharding(p.Copy(), np.arange(2)).Set(
         num_groups=3, dispatch_impl='gather').Instantiate()._Manual(3)
+
+
+def testChoiceParamsAreChecked():
+  with pytest.raises(ValueError, match=r"^moe: dispatch_impl must be one of "
+                     r"\('einsum', 'gather'\), got 'scatter'$"):
+    _Layer(dispatch_impl='scatter')
+  with pytest.raises(ValueError, match=r"^moe: second_expert_policy must be "
+                     r"one of \('all', 'random', 'sampling'\), got 'best'$"):
+    _Layer(second_expert_policy='best')

@@ -153,3 +153,9 @@ def testDropoutMaskStatistics():
   assert abs((y == 0).mean() - 0.25) < 0.02
   with pytest.raises(ValueError, match=r'dropout_prob must be in \[0, 1\)'):
     dropout.DropoutLayer.Params().Set(dropout_prob=1.0).Instantiate()
+
+
+def testNormPolicyIsChecked():
+  with pytest.raises(ValueError, match=r": norm_policy must be one of "
+                     r"\('pre', 'post'\), got 'sandwich'$"):
+    _Stack(num_layers=1, norm_policy='sandwich')
