@@ -5,31 +5,29 @@ A `Params` is an ordered set of named, documented values. Values may be nested
 str, list/tuple/dict of literals, TF dtypes, classes, numpy arrays and
 `WeightInit`). `ToText()` writes one sorted `dotted.key : value` line per leaf;
 `FromText()` applies such lines back, converting each value to the type of the
-current value. Parsing never evaluates code: literals go through
-`ast.literal_eval`, everything else through small explicit grammars.
+current value (the value grammar is in `lingshard/params_text.py`). Parsing
+never evaluates code and never imports a module.
 """
 
-import ast
 import copy
 import difflib
-import importlib
 import re
-import warnings
 
-import numpy as np
-
-from lingshard.weight_init import WeightInit
+from lingshard import params_text
+from lingshard.params_text import CLASS_ALLOW_LIST  # noqa: F401 (public API)
+from lingshard.params_text import IsDType
+from lingshard.params_text import IsNonFiniteFloat
+from lingshard.params_text import ParamsTextError
+from lingshard.params_text import Quote
+from lingshard.params_text import SplitLine
+from lingshard.params_text import ValuesEqual
 
 _NAME_RE = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
 # `name` or `name[3]` in a dotted key.
 _KEY_PART_RE = re.compile(r'^([A-Za-z_][A-Za-z0-9_]*)(?:\[(\d+)\])?$')
 
-# Modules outside lingshard whose classes may be named in params text.
-CLASS_ALLOW_LIST = ('tensorflow', 'keras', 'numpy')
-
-
-class ParamsTextError(ValueError):
-  """The one error type `FromText` raises for bad text (with line number)."""
+# Error messages after `line N: '...': ` are cut to this many characters.
+_MAX_DETAIL_CHARS = 1000
 
 
 class UnknownParamError(AttributeError, KeyError):
@@ -45,32 +43,18 @@ class FrozenParamsError(TypeError):
 
 
 class _Param:
-  """One defined value with its description."""
+  """One defined value with its description.
 
-  __slots__ = ('name', 'value', 'description')
+  `nonfinite_default`: the default was inf or nan, so text may set one.
+  """
 
-  def __init__(self, name, value, description):
+  __slots__ = ('name', 'value', 'description', 'nonfinite_default')
+
+  def __init__(self, name, value, description, nonfinite_default):
     self.name = name
     self.value = value
     self.description = description
-
-
-def _ValuesEqual(a, b):
-  if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-    return (isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and
-            a.dtype == b.dtype and a.shape == b.shape and
-            bool(np.array_equal(a, b)))
-  if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-    return (type(a) is type(b) and len(a) == len(b) and
-            all(_ValuesEqual(x, y) for x, y in zip(a, b)))
-  if isinstance(a, dict) and isinstance(b, dict):
-    return (a.keys() == b.keys() and
-            all(_ValuesEqual(a[k], b[k]) for k in a))
-  if type(a) is not type(b) and not (
-      isinstance(a, (int, float)) and isinstance(b, (int, float)) and
-      not isinstance(a, bool) and not isinstance(b, bool)):
-    return False
-  return a == b
+    self.nonfinite_default = nonfinite_default
 
 
 class Params:
@@ -95,7 +79,8 @@ class Params:
       raise AttributeError(f'Param {name!r} is already defined.')
     if name in ('cls',) or name.startswith('_') or hasattr(Params, name):
       raise AttributeError(f'Param name {name!r} is reserved.')
-    self._params[name] = _Param(name, default, description)
+    self._params[name] = _Param(name, default, description,
+                                IsNonFiniteFloat(default))
 
   def _UnknownKey(self, name, full_key=None):
     keys = sorted(self._params)
@@ -105,7 +90,7 @@ class Params:
       hint = 'did you mean ' + ' or '.join(repr(c) for c in close) + '?'
     else:
       hint = 'known keys: ' + (', '.join(keys) if keys else '(none)')
-    return UnknownParamError(f'Unknown param {key!r}; {hint}')
+    return UnknownParamError(f'Unknown param {Quote(key)}; {hint}')
 
   def __getattr__(self, name):
     params = self.__dict__['_params']
@@ -139,7 +124,7 @@ class Params:
       return False
     if self._params.keys() != other._params.keys():
       return False
-    return all(_ValuesEqual(self._params[k].value, other._params[k].value)
+    return all(ValuesEqual(self._params[k].value, other._params[k].value)
                for k in self._params)
 
   def __ne__(self, other):
@@ -186,7 +171,7 @@ class Params:
         new.__dict__[k] = v  # e.g. _cls: classes are shared, not copied.
     for name, param in self._params.items():
       new._params[name] = _Param(name, _DeepCopyValue(param.value, memo),
-                                 param.description)
+                                 param.description, param.nonfinite_default)
     return new
 
   # ------------------------------------------------------------ dotted keys
@@ -196,17 +181,20 @@ class Params:
     for i, part in enumerate(parts):
       m = _KEY_PART_RE.match(part)
       if not isinstance(node, Params):
-        raise UnknownParamError(f'Unknown param {dotted!r}: '
+        raise UnknownParamError(f'Unknown param {Quote(dotted)}: '
                                 f'{".".join(parts[:i])} is not a Params')
       if not m or m.group(1) not in node._params:
         raise node._UnknownKey(m.group(1) if m else part, dotted)
       node = node._params[m.group(1)].value
       if m.group(2) is not None:
-        index = int(m.group(2))
-        if not isinstance(node, (list, tuple)) or index >= len(node):
-          raise UnknownParamError(f'Unknown param {dotted!r}: no element '
-                                  f'{index} in {".".join(parts[:i + 1])}')
-        node = node[index]
+        index = m.group(2)
+        if (not isinstance(node, (list, tuple)) or len(index) > 9 or
+            int(index) >= len(node)):
+          where = '.'.join(parts[:i] + [m.group(1)])
+          index = index if len(index) <= 9 else index[:9] + '...'
+          raise UnknownParamError(f'Unknown param {Quote(dotted)}: no element '
+                                  f'{index} in {where}')
+        node = node[int(index)]
     return node
 
   def _Resolve(self, dotted):
@@ -214,7 +202,7 @@ class Params:
     parts = dotted.split('.')
     node = self._Walk(parts[:-1], dotted)
     if not isinstance(node, Params):
-      raise UnknownParamError(f'Unknown param {dotted!r}: '
+      raise UnknownParamError(f'Unknown param {Quote(dotted)}: '
                               f'{".".join(parts[:-1])} is not a Params')
     last = parts[-1]
     if not _NAME_RE.match(last) or last not in node._params:
@@ -272,32 +260,53 @@ class Params:
   def FromText(self, text):
     """Applies `key : value` lines (or `key = value`) to this Params.
 
-    Each value is converted to the type of the current value. Blank lines
-    and lines starting with `#` are skipped. Raises ParamsTextError (with
-    the line number and text) for any bad line. Returns self.
+    Each value is converted to the type of the current value and must read
+    back as itself from its `ToText` form (see `params_text.TextToValue`);
+    None is refused for nested Params. A leading UTF-8 BOM, blank lines and
+    lines starting with `#` are skipped; a key set twice is an error. Raises
+    ParamsTextError (with the line number and text) for any bad line.
+    Returns self.
     """
     self._CheckMutable()
     if not isinstance(text, str):
-      raise ParamsTextError(f'Params text must be a str, got {type(text)}')
+      raise ParamsTextError('Params text must be a str, got '
+                            f'{type(text).__name__}')
+    if text.startswith('\ufeff'):
+      text = text[1:]
+    seen = {}  # (id of the parent Params, name) -> line number.
     for lineno, raw in enumerate(text.splitlines(), 1):
       line = raw.strip()
       if not line or line.startswith('#'):
         continue
       try:
-        key, value_text = _SplitLine(line)
-        if key.endswith('.cls'):
-          _CheckClassText(self, key, value_text)
-          continue
-        node, name = self._Resolve(key)
-        current = node._params[name].value
-        node._CheckMutable()
-        node._params[name].value = TextToValue(value_text, current)
-      except ParamsTextError as e:
-        raise ParamsTextError(f'line {lineno}: {raw!r}: {e}') from None
-      except (UnknownParamError, FrozenParamsError, ValueError,
-              TypeError) as e:
-        raise ParamsTextError(f'line {lineno}: {raw!r}: {e}') from None
+        self._ApplyLine(line, lineno, seen)
+      except (ParamsTextError, UnknownParamError, FrozenParamsError,
+              ValueError, TypeError, OverflowError, RecursionError) as e:
+        detail = str(e)
+        if len(detail) > _MAX_DETAIL_CHARS:
+          detail = detail[:_MAX_DETAIL_CHARS] + '...'
+        raise ParamsTextError(f'line {lineno}: {Quote(raw)}: {detail}',
+                              detail) from None
     return self
+
+  def _ApplyLine(self, line, lineno, seen):
+    """Applies one `key : value` line; `seen` records the keys set so far."""
+    key, value_text = SplitLine(line)
+    if key.endswith('.cls'):
+      node, name = _CheckClassText(self, key, value_text), 'cls'
+    else:
+      node, name = self._Resolve(key)
+    if (id(node), name) in seen:
+      raise ParamsTextError(f'{Quote(key)} is already set on line '
+                            f'{seen[id(node), name]}; keep one of the two')
+    seen[id(node), name] = lineno
+    if name == 'cls':
+      return
+    param = node._params[name]
+    node._CheckMutable()
+    param.value = TextToValue(
+        value_text, param.value,
+        param.nonfinite_default or IsNonFiniteFloat(param.value))
 
 
 class InstantiableParams(Params):
@@ -338,218 +347,37 @@ def _NestedParams(value):
 def _DeepCopyValue(value, memo):
   if isinstance(value, type):
     return value
-  if _IsDType(value):
+  if IsDType(value):
     return value
   return copy.deepcopy(value, memo)
 
 
-def _IsDType(value):
-  tf = _TF()
-  return tf is not None and isinstance(value, tf.dtypes.DType)
-
-
-def _TF():
-  """TensorFlow if it is imported already (text handling never imports it)."""
-  import sys  # pylint: disable=g-import-not-at-top
-  return sys.modules.get('tensorflow')
-
-
-def _SplitLine(line):
-  """`key : value` or `key = value` (first separator) -> (key, value)."""
-  m = re.match(r'^([A-Za-z_][A-Za-z0-9_.\[\]]*)\s*[:=]\s*(.*)$', line)
-  if not m:
-    raise ParamsTextError('expected "dotted.key : value"')
-  return m.group(1), m.group(2).strip()
-
-
 def _CheckClassText(root, key, value_text):
-  """`x.cls : type/...` lines must name the class the code already has."""
+  """`x.cls : type/...` lines must name the class the code already has.
+
+  Returns the Params at `x`.
+  """
   node = root._Walk(key[:-len('.cls')].split('.'), key)  # pylint: disable=protected-access
-  want = _ParseClass(value_text)
+  want = params_text.TextToValue(value_text, type)
   if not isinstance(node, InstantiableParams) or node.cls is not want:
     raise ParamsTextError(f'{key} is {ValueToText(_ClsOf(node))}, text says '
-                          f'{value_text}; change the class in code, not text')
+                          f'{Quote(value_text)}; change the class in code, '
+                          'not text')
+  return node
 
 
-# ------------------------------------------------------------ value <-> text
 def ValueToText(value):
   """Text form of one leaf value (inverse of `TextToValue`)."""
-  if isinstance(value, type):
-    return f'type/{value.__module__}/{value.__qualname__}'
-  if _IsDType(value):
-    return f'tf.{value.name}'
-  if isinstance(value, np.ndarray):
-    return f'ndarray/{value.dtype.name}/{value.tolist()!r}'
-  if isinstance(value, WeightInit):
-    return repr(value)
   if isinstance(value, Params):
     raise TypeError('nested Params are written key by key')
-  _CheckLiteral(value)
-  return repr(value)
+  return params_text.ValueToText(value)
 
 
-def _CheckLiteral(value):
-  """Raises TypeError unless `value` round-trips through literal_eval."""
-  if value is None or isinstance(value, (bool, int, float, str, bytes)):
-    if isinstance(value, float) and not np.isfinite(value):
-      raise TypeError(f'non-finite float {value!r} has no literal text form')
-    return
-  if isinstance(value, (list, tuple, set)):
-    for v in value:
-      _CheckLiteral(v)
-    return
-  if isinstance(value, dict):
-    for k, v in value.items():
-      _CheckLiteral(k)
-      _CheckLiteral(v)
-    return
-  raise TypeError(f'value {value!r} of type {type(value).__name__} has no '
-                  'text form')
-
-
-def _ParseClass(text):
-  m = re.match(r'^type/([A-Za-z_][\w.]*)/([A-Za-z_][\w.]*)$', text)
-  if not m:
-    raise ParamsTextError(f'bad class text {text!r}')
-  module_name, qualname = m.groups()
-  root = module_name.split('.')[0]
-  if root != 'lingshard' and root not in CLASS_ALLOW_LIST:
-    raise ParamsTextError(f'class module {module_name!r} is not in lingshard '
-                          'or the allow-list')
-  try:
-    obj = importlib.import_module(module_name)
-    for part in qualname.split('.'):
-      obj = getattr(obj, part)
-  except (ImportError, AttributeError) as e:
-    raise ParamsTextError(f'cannot resolve class {text!r}: {e}') from None
-  if not isinstance(obj, type):
-    raise ParamsTextError(f'{text!r} is not a class')
-  return obj
-
-
-def _ParseDType(text):
-  name = text[len('tf.'):]
-  tf = _TF()
-  if tf is None:
-    import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  if not re.match(r'^[a-z0-9_]+$', name):
-    raise ParamsTextError(f'bad dtype {text!r}')
-  try:
-    return tf.as_dtype(name)
-  except TypeError:
-    raise ParamsTextError(f'unknown dtype {text!r}') from None
-
-
-def _ParseNdarray(text):
-  m = re.match(r'^ndarray/([a-z0-9_]+)/(.*)$', text, re.S)
-  if not m:
-    raise ParamsTextError(f'bad ndarray text {text!r}')
-  try:
-    dtype = np.dtype(m.group(1))
-    data = _LiteralEval(m.group(2))
-    return np.array(data, dtype=dtype)
-  except (TypeError, ValueError) as e:
-    raise ParamsTextError(f'bad ndarray text {text!r}: {e}') from None
-
-
-def _LiteralEval(text):
-  try:
-    with warnings.catch_warnings():
-      warnings.simplefilter('ignore', SyntaxWarning)  # e.g. '0x1g' in text.
-      return ast.literal_eval(text)
-  except (ValueError, SyntaxError, TypeError, MemoryError,
-          RecursionError) as e:
-    raise ParamsTextError(f'not a literal: {text!r} '
-                          f'({type(e).__name__})') from None
-
-
-def _ParseTagged(text):
-  """Parses the non-literal forms; returns (True, value) or (False, None)."""
-  if text.startswith('type/'):
-    return True, _ParseClass(text)
-  if text.startswith('tf.'):
-    return True, _ParseDType(text)
-  if text.startswith('ndarray/'):
-    return True, _ParseNdarray(text)
-  if text.startswith('WeightInit('):
-    try:
-      return True, WeightInit.FromText(text)
-    except ValueError as e:
-      raise ParamsTextError(str(e)) from None
-  return False, None
-
-
-def TextToValue(text, current):
-  """Parses `text` into a value of the same type as `current`.
-
-  A `current` of None accepts any form. A str `current` keeps unquoted text
-  as the string itself (so `a.b=hello` works); quoted text is unquoted.
-  """
-  tagged, value = _ParseTagged(text)
-  if tagged:
-    if text == 'None':
-      return None
-    return _Coerce(value, current, text)
-  if text == 'None':
-    return None
-  if isinstance(current, str) and not isinstance(current, bool):
-    if text[:1] in ('"', "'"):
-      value = _LiteralEval(text)
-      if not isinstance(value, str):
-        raise ParamsTextError(f'expected a string, got {text!r}')
-      return value
-    return text
-  if isinstance(current, bool):
-    low = text.lower()
-    if low in ('true', 'false'):
-      return low == 'true'
-    raise ParamsTextError(f'expected a bool (True/False), got {text!r}')
-  value = _LiteralEval(text)
-  return _Coerce(value, current, text)
-
-
-def _Coerce(value, current, text):
-  """Converts a parsed value to the type of `current` or raises."""
-  if current is None or value is None:
-    return value
-  if isinstance(current, WeightInit):  # A namedtuple: before tuple.
-    if isinstance(value, WeightInit):
-      return value
-  elif isinstance(current, bool):
-    if isinstance(value, bool):
-      return value
-  elif isinstance(current, int):
-    if isinstance(value, int) and not isinstance(value, bool):
-      return value
-  elif isinstance(current, float):
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-      return float(value)
-  elif isinstance(current, (list, tuple)):
-    if isinstance(value, (list, tuple)):
-      return type(current)(value)
-  elif isinstance(current, dict):
-    if isinstance(value, dict):
-      return value
-  elif isinstance(current, type):
-    if isinstance(value, type):
-      return value
-  elif _IsDType(current):
-    if _IsDType(value):
-      return value
-  elif isinstance(current, np.ndarray):
-    if isinstance(value, np.ndarray):
-      return value
-    if isinstance(value, (list, tuple)):
-      try:
-        return np.array(value, dtype=current.dtype)
-      except (TypeError, ValueError, OverflowError) as e:
-        raise ParamsTextError(f'bad array {text!r}: {e}') from None
-  elif isinstance(current, Params):
+def TextToValue(text, current, nonfinite_ok=None):
+  """`params_text.TextToValue`; refuses any value for nested Params."""
+  if isinstance(current, Params) or _IsParamsList(current):
     raise ParamsTextError('cannot assign a value to nested Params')
-  else:
-    if type(value) is type(current):
-      return value
-  raise ParamsTextError(f'expected {type(current).__name__}, got {text!r}')
+  return params_text.TextToValue(text, current, nonfinite_ok)
 
 
 def TextDiff(a, b):

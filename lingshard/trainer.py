@@ -18,7 +18,10 @@ Params: the registry's SingleTaskModel params (`task.*`, `input.*`), then
 --params_file, --params_override, --max_steps, --seed, in that order; what
 they changed is printed and the result written to logdir/params.txt.
 
-Exit codes: 0 ok; 1 a usage / configuration error (message on stderr);
+Exit codes: 0 ok; 1 a usage, configuration or data error (one line on
+stderr: a flag out of range, a logdir under a file, an unreadable params
+file, missing corpus or vocabulary files, a failed write; bad flags and
+data are found before anything is written);
 3 NaN/Inf in the loss or gradients (the message names the step and the last
 good checkpoint, which is kept).
 """
@@ -31,6 +34,7 @@ from absl import app
 from absl import flags
 import tensorflow as tf
 
+from lingshard import base_input
 from lingshard import hyperparams
 from lingshard import model_registry
 from lingshard.train import checkpointer
@@ -87,6 +91,9 @@ def DefineFlags(fv):
   flags.DEFINE_string('export_dir', None,
                       'Export destination (default logdir/export/<step>).',
                       flag_values=fv)
+  flags.DEFINE_bool('export_overwrite', False, 'Let export replace a '
+                    'non-empty --export_dir that is not a lingshard export.',
+                    flag_values=fv)
   flags.DEFINE_float('max_train_seconds', 0.0, 'Also stop training (with a '
                      'checkpoint) after this many seconds; 0 = no limit. Not '
                      'with multi_worker (workers would disagree).',
@@ -130,11 +137,26 @@ def BuildParams(cfg, dataset='Train', for_eval=False):
 
 
 def _ReadText(path):
+  """The text of a --params_file; OverrideError (one line) if it cannot be
+  read or is not UTF-8 text."""
   try:
-    with tf.io.gfile.GFile(path, 'r') as f:
-      return f.read()
+    with tf.io.gfile.GFile(path, 'rb') as f:
+      data = f.read()
   except tf.errors.OpError as e:
-    raise overrides.OverrideError(f'--params_file {path}: {e.message}') from None
+    why = e.message.split(f'{path}; ', 1)[-1]  # TF may prefix the path.
+    raise overrides.OverrideError(f'--params_file {path}: {why}') from None
+  nul = data.find(b'\0')
+  try:
+    text = data.decode('utf-8')
+    offset = nul if nul >= 0 else None
+  except UnicodeDecodeError as e:
+    offset = min(e.start, nul) if nul >= 0 else e.start
+  if offset is None:
+    return text
+  raise overrides.OverrideError(
+      f'--params_file {path}: not a text file (binary data at byte '
+      f'{offset}); pass a params text file of "key : value" lines, e.g. a '
+      'logdir\'s params.txt')
 
 
 def ListModels(printer):
@@ -173,18 +195,26 @@ def _InferenceTask(params):
 
 
 def _Evaluator(cfg, dataset):
+  """The Evaluator of `dataset`. A throwaway instance of its input builds
+  the dataset first, so that missing data raises base_input.InputError
+  before anything is written."""
   params, _ = BuildParams(cfg, dataset, for_eval=True)
+  params.input.Instantiate().GetDataset()
   return eval_loop.Evaluator(_InferenceTask(params), params.input.Instantiate(),
                              params.task.train.eval_num_batches)
 
 
 def _EvalHook(cfg, dataset, evaluator, theta_fn, printer):
-  """Runs one evaluation; writes summaries, metrics-<step>.json, a line."""
+  """Runs one evaluation; writes summaries, metrics-<step>.json, a line
+  (the output directory is created by the first evaluation)."""
   out_dir = os.path.join(cfg.logdir, f'eval_{dataset.lower()}')
-  writer = summaries.SummaryWriter(out_dir)
+  writers = []
 
   def Hook(step):
     result = evaluator.Evaluate(theta_fn(), step)
+    if not writers:
+      writers.append(summaries.SummaryWriter(out_dir))
+    writer = writers[0]
     writer.Write(step, {}, eval_loop.Scalars(result))
     writer.Flush()
     eval_loop.WriteJson(out_dir, result)
@@ -195,7 +225,23 @@ def _EvalHook(cfg, dataset, evaluator, theta_fn, printer):
   return Hook
 
 
+def _WriteParamsText(logdir, params):
+  """Writes logdir/params.txt; ConfigError (one line) if it cannot."""
+  path = os.path.join(logdir, 'params.txt')
+  try:
+    tf.io.gfile.makedirs(logdir)
+    with tf.io.gfile.GFile(path, 'w') as f:
+      f.write(params.ToText())
+  except tf.errors.OpError as e:
+    why = e.message.split(f'{path}; ', 1)[-1]  # TF may prefix the path.
+    raise ConfigError(f'--logdir {logdir}: cannot write {path}: {why}; free '
+                      'space or choose another --logdir') from None
+
+
 def RunTrain(cfg, params, strategy, info, printer, with_eval=False):
+  """Builds the trainer (and evaluator), which reads the inputs, then
+  writes params.txt (chief) and trains: bad data fails before anything is
+  written."""
   trainer = train_loop.Trainer(
       params, cfg.logdir, strategy=strategy, info=info,
       init_from_checkpoint=cfg.init_from_checkpoint, printer=printer,
@@ -204,6 +250,8 @@ def RunTrain(cfg, params, strategy, info, printer, with_eval=False):
   if with_eval:
     hook = _EvalHook(cfg, cfg.eval_dataset, _Evaluator(cfg, cfg.eval_dataset),
                      trainer.ThetaValues, printer)
+  if info.is_chief:
+    _WriteParamsText(cfg.logdir, params)
   return trainer.Train(eval_hook=hook, max_seconds=cfg.max_train_seconds)
 
 
@@ -264,6 +312,11 @@ def RunDecode(cfg, params, printer):
 
 
 def RunExport(cfg, params, printer):
+  try:  # Refuse a bad --export_dir before restoring and tracing.
+    if cfg.export_dir:
+      export.CheckExportDir(cfg.export_dir, cfg.export_overwrite, cfg.logdir)
+  except export.ExportDirError as e:
+    raise ConfigError(str(e)) from None
   theta, step = _RestoredTheta(params, cfg.logdir)
   task = _InferenceTask(params)
   if not callable(getattr(task, 'Decode', None)):
@@ -277,9 +330,52 @@ def RunExport(cfg, params, printer):
     kwargs['max_source_length'] = p.bucket_upper_bounds[-1]
   if 'direction' in p:
     kwargs['source_tag'] = p.direction == 'en2xx'
-  export.Export(task, theta, src_file, tgt_file, out, **kwargs)
+  try:
+    out = export.Export(
+        task, theta, src_file, tgt_file, out,
+        overwrite=cfg.export_overwrite, logdir=cfg.logdir,
+        metadata={'model': cfg.model, 'step': int(step)}, **kwargs)
+  except export.ExportDirError as e:
+    raise ConfigError(str(e)) from None
   printer(f'exported step {step} to {out}')
   return out
+
+
+def CheckFlags(cfg):
+  """ConfigError (one line) for numeric flags out of range."""
+  if cfg.max_steps is not None and cfg.max_steps < 1:
+    raise ConfigError(f'--max_steps={cfg.max_steps}: must be >= 1 (the step '
+                      'to train to)')
+  if cfg.max_train_seconds < 0:
+    raise ConfigError(f'--max_train_seconds={cfg.max_train_seconds:g}: must '
+                      'be >= 0 (0 = no limit)')
+  if cfg.num_cpu_devices < 1:
+    raise ConfigError(f'--num_cpu_devices={cfg.num_cpu_devices}: must be '
+                      '>= 1')
+
+
+def CheckLogdir(logdir):
+  """ConfigError (one line) if a local --logdir is, or lies under, a file."""
+  if '://' in logdir:
+    return
+  path = os.path.normpath(logdir)
+  while path and not os.path.exists(path):
+    parent = os.path.dirname(path)
+    path = '' if parent == path else parent
+  if path and not os.path.isdir(path):
+    raise ConfigError(f'--logdir {logdir}: {path} is a file, not a '
+                      'directory; choose another --logdir')
+
+
+def _CheckTrainSteps(params):
+  """ConfigError if task.train.max_steps (e.g. from --params_override) < 1."""
+  train = params.task.train if 'train' in params.task else None
+  if train is None or 'max_steps' not in train:
+    return
+  max_steps = train.max_steps
+  if isinstance(max_steps, int) and max_steps < 1:
+    raise ConfigError(f'task.train.max_steps is {max_steps}; it must be >= 1 '
+                      '(the step to train to)')
 
 
 def Execute(cfg, printer=Printer):
@@ -289,6 +385,7 @@ def Execute(cfg, printer=Printer):
     return None
   if not cfg.model:
     raise ConfigError('--model is required (see --list_models)')
+  CheckFlags(cfg)
   params, diff = BuildParams(cfg)
   if cfg.mode == 'print_params':
     printer(params.ToText().rstrip('\n'))
@@ -297,17 +394,15 @@ def Execute(cfg, printer=Printer):
     printer('Params changed from the registry defaults:\n' + diff.rstrip('\n'))
   if not cfg.logdir:
     raise ConfigError(f'--logdir is required for --mode={cfg.mode}')
+  CheckLogdir(cfg.logdir)
   strategies.ConfigureCpuDevices(cfg.num_cpu_devices)
   tf.random.set_seed(cfg.seed if cfg.seed is not None else 1234)
   if cfg.mode in ('train', 'train_and_eval'):
+    _CheckTrainSteps(params)
     strategy, info = strategies.CreateStrategy(
         cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit)
     printer(f'strategy {info.kind}: {strategy.num_replicas_in_sync} '
             f'replica(s), jit {"on" if info.jit_step else "off"}')
-    if info.is_chief:
-      tf.io.gfile.makedirs(cfg.logdir)
-      with tf.io.gfile.GFile(os.path.join(cfg.logdir, 'params.txt'), 'w') as f:
-        f.write(params.ToText())
     return RunTrain(cfg, params, strategy, info, printer,
                     with_eval=cfg.mode == 'train_and_eval')
   if cfg.mode == 'eval':
@@ -326,7 +421,7 @@ def main(argv):
     print(f'lingshard.trainer: {e}', file=sys.stderr, flush=True)
     sys.exit(train_loop.NON_FINITE_EXIT_CODE)
   except (ConfigError, overrides.OverrideError, strategies.StrategyError,
-          checkpointer.CheckpointError) as e:
+          checkpointer.CheckpointError, base_input.InputError) as e:
     print(f'lingshard.trainer: error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
 

@@ -1,7 +1,9 @@
-"""ToText/FromText: exact round trips, typed parsing, errors, no eval."""
+"""ToText/FromText: exact round trips, typed parsing, errors, no eval, no
+imports, bounded messages."""
 
 import os
 import random
+import sys
 
 from hypothesis import given
 from hypothesis import settings
@@ -36,6 +38,34 @@ def _AllTypes():
   p.Define('sub', sub, '')
   p.Define('stack', [sub.Copy(), sub.Copy().Set(output_dim=2)], '')
   return p
+
+
+def _AssertTyped(value, default, key):
+  """`value` is None or of the type of `default` (recursing into Params)."""
+  if value is None or default is None:
+    return
+  if isinstance(default, type):
+    assert isinstance(value, type), key
+    return
+  assert type(value) is type(default), (key, value)
+  if isinstance(default, Params):
+    for name, v in value:
+      _AssertTyped(v, default.Get(name), f'{key}.{name}')
+  elif isinstance(default, list) and all(isinstance(d, Params)
+                                         for d in default):
+    for i, (v, d) in enumerate(zip(value, default)):
+      _AssertTyped(v, d, f'{key}[{i}]')
+
+
+def _AssertRoundTripsTyped(p):
+  """`p` (parsed into `_AllTypes()`) writes text that reads back as `p`, and
+  each value has its default's type."""
+  text = p.ToText()
+  q = _AllTypes()
+  q.FromText(text)
+  assert q == p, text
+  assert q.ToText() == text
+  _AssertTyped(p, _AllTypes(), 'p')
 
 
 def test_to_text_is_sorted_dotted_lines():
@@ -104,7 +134,7 @@ def test_type_conversion_follows_current_value():
 ])
 def test_malformed_line_error_quotes_line_number_and_text(line, message):
   p = _AllTypes()
-  text = 'i : 4\n\n# comment\n' + line + '\n'
+  text = 's : four\n\n# comment\n' + line + '\n'
   with pytest.raises(ParamsTextError) as e:
     p.FromText(text)
   assert str(e.value).startswith(f'line 4: {line!r}: ')
@@ -129,6 +159,148 @@ def test_from_text_never_runs_code(tmp_path):
       p.FromText(f'init : {payload2}')
   assert not marker.exists()
   assert not os.path.exists(str(marker))
+
+
+_NOT_IMPORTED = 'numpy.lib.recfunctions'  # Importable, harmless, unused.
+
+
+def test_class_text_never_imports_a_module(monkeypatch):
+  monkeypatch.delitem(sys.modules, _NOT_IMPORTED, raising=False)
+  text = f'type/{_NOT_IMPORTED}/X'
+  not_imported = (f"class module '{_NOT_IMPORTED}' is not imported; params "
+                  'text never imports a module, so name a class of a module '
+                  'the code already imports')
+  p = _AllTypes()
+  for key in ('klass', 'n'):  # Class-valued, and None (takes any form).
+    with pytest.raises(ParamsTextError) as e:
+      p.FromText(f'{key} : {text}')
+    assert str(e.value) == f"line 1: '{key} : {text}': {not_imported}"
+  with pytest.raises(ParamsTextError) as e:
+    p.FromText(f'i : {text}')
+  assert str(e.value) == f"line 1: 'i : {text}': expected int, got '{text}'"
+  p.FromText(f's : {text}')  # A str param keeps unquoted text as text.
+  assert p.s == text
+  assert _NOT_IMPORTED not in sys.modules
+  # Module attributes are not followed: numpy's __getattr__ imports.
+  monkeypatch.delitem(sys.modules, 'numpy.matlib', raising=False)
+  if 'matlib' in vars(np):  # hasattr() would import it.
+    monkeypatch.delattr(np, 'matlib')
+  with pytest.raises(ParamsTextError) as e:
+    p.FromText('klass : type/numpy/matlib.matrix')
+  assert str(e.value) == ("line 1: 'klass : type/numpy/matlib.matrix': "
+                          "module 'numpy' has no class 'matlib.matrix'")
+  assert 'numpy.matlib' not in sys.modules
+  p.FromText('klass : type/lingshard.layers.base_layer/BaseLayer\n'
+             'n : type/numpy/ndarray')
+  assert p.klass.__name__ == 'BaseLayer' and p.n is np.ndarray
+
+
+_NONFINITE = ('use a finite number (only a param whose default is inf or nan '
+              'takes one)')
+
+
+@pytest.mark.parametrize('line,message', [
+    ('f : 1e999', f"'1e999' gives a non-finite float (inf); {_NONFINITE}"),
+    ("f : float('nan')",
+     f'"float(\'nan\')" gives a non-finite float (nan); {_NONFINITE}'),
+    ('n : -1e999', f"'-1e999' gives a non-finite float (-inf); {_NONFINITE}"),
+    ('lst : [1, 1e999]',
+     f"'[1, 1e999]' gives a non-finite float (inf); {_NONFINITE}"),
+    ("init : WeightInit(method='xavier', scale=1e999)",
+     '"WeightInit(method=\'xavier\', scale=1e999)" gives a non-finite float '
+     f'(inf); {_NONFINITE}'),
+    ('arr : ndarray/float32/[1e39]',
+     "'ndarray/float32/[1e39]' gives a non-finite float; use finite numbers"),
+    ('f : 1' + '0' * 400,
+     "'1" + '0' * 79 + "'... (401 chars) is out of float range; use a smaller "
+     'number'),
+    ('i : 0x' + 'f' * 4000,
+     "'0x" + 'f' * 78 + "'... (4002 chars) gives an int of more than 4300 "
+     'digits; use a smaller number'),
+    ('n : 1j', "'1j' cannot be written back as params text (value 1j of type "
+     'complex has no text form); use a plain literal'),
+    ("n : ndarray/datetime64/['2020-01-01']",
+     "\"ndarray/datetime64/['2020-01-01']\" cannot be written back as params "
+     "text (bad ndarray text 'ndarray/datetime64[D]/[datetime.date(2020, 1, "
+     "1)]'); use a plain literal"),
+    ('sub : None', 'cannot assign a value to nested Params'),
+    ('stack : None', 'cannot assign a value to nested Params'),
+    ('stack : [1, 2]', 'cannot assign a value to nested Params'),
+])
+def test_text_that_cannot_be_written_back_is_refused(line, message):
+  p = _AllTypes()
+  before = p.ToText()
+  with pytest.raises(ParamsTextError) as e:
+    p.FromText(line)
+  quoted = repr(line) if len(line) <= 80 else (
+      f'{line[:80]!r}... ({len(line)} chars)')
+  assert str(e.value) == f'line 1: {quoted}: {message}'
+  assert p.ToText() == before
+
+
+def test_nonfinite_default_takes_and_writes_nonfinite():
+  def Make():
+    p = Params()
+    p.Define('clip', float('inf'), '')
+    p.Define('floor', float('nan'), '')
+    return p
+
+  p = Make()
+  text = p.ToText()
+  assert text == "clip : float('inf')\nfloor : float('nan')\n"
+  q = Make().FromText('clip : 5\nfloor : 0.5')
+  assert (q.clip, q.floor) == (5.0, 0.5)
+  q.FromText(text)
+  assert q == p and q.ToText() == text
+  q.FromText('clip : 1e999')  # The default is inf, whatever the value now.
+  assert q.clip == float('inf')
+
+
+def test_every_value_parsed_reads_back_as_itself():
+  p = _AllTypes()
+  p.FromText("f : 1e308\ni : 0x1f\nn : {1: (2, [3.5, 'x'])}\n"
+             "init : WeightInit('gaussian', 2, 0x10)\nlst : [-0.0, 1e-320]\n"
+             'arr : ndarray/float64/[0.1, 2.5e-300]\ns : type/os/system')
+  _AssertRoundTripsTyped(p)
+  assert p.i == 31 and p.init == WeightInit.Gaussian(2.0, seed=16)
+
+
+def test_duplicate_key_is_an_error():
+  p = _AllTypes()
+  for text, line in [('i : 1\nf : 2.0\ni = 2', "line 3: 'i = 2': 'i'"),
+                     ('stack[1].output_dim : 1\nstack[01].output_dim : 2',
+                      "line 2: 'stack[01].output_dim : 2': "
+                      "'stack[01].output_dim'"),
+                     ('sub.cls : type/lingshard.layers.linear/LinearLayer\n\n'
+                      'sub.cls : type/lingshard.layers.linear/LinearLayer',
+                      "line 3: 'sub.cls : type/lingshard.layers.linear/"
+                      "LinearLayer': 'sub.cls'")]:
+    with pytest.raises(ParamsTextError) as e:
+      p.FromText(text)
+    assert str(e.value) == (f'{line} is already set on line 1; keep one '
+                            'of the two')
+
+
+def test_leading_bom_is_skipped():
+  p = _AllTypes().FromText('\ufeffi : 5\nf : 0.5\n')
+  assert (p.i, p.f) == (5, 0.5)
+  with pytest.raises(ParamsTextError, match=r"^line 2: '\\ufeffi : 5': "):
+    _AllTypes().FromText('f : 0.5\n\ufeffi : 5')  # Only at the start.
+
+
+def test_long_bad_line_gives_a_bounded_message():
+  value = 'x' * 1_000_000
+  with pytest.raises(ParamsTextError) as e:
+    _AllTypes().FromText(f'i : {value}')
+  assert str(e.value) == (
+      f"line 1: 'i : {'x' * 76}'... (1000004 chars): not a literal: "
+      f"'{'x' * 80}'... (1000000 chars) (ValueError)")
+  for line in (f'{value} : 1', f"init : WeightInit('{value}')",
+               f'stack[{"9" * 100_000}].x : 1', f'lst : [{value}]',
+               f'klass : type/lingshard/{value}'):
+    with pytest.raises(ParamsTextError) as e:
+      _AllTypes().FromText(line)
+    assert len(str(e.value)) < 1200, str(e.value)[:2000]
 
 
 def _RandomText(rng):
@@ -158,9 +330,11 @@ def test_fuzz_parser_raises_only_its_own_error():
     p = _AllTypes()
     try:
       p.FromText(_RandomText(rng))
-      ok += 1
     except ParamsTextError:
       failed += 1
+      continue
+    ok += 1
+    _AssertRoundTripsTyped(p)
   # Both outcomes occur, so the generator exercises the parser.
   assert ok > 20 and failed > 500
 
@@ -174,11 +348,45 @@ def test_text_to_value_unparseable_forms():
     hyperparams.ValueToText(object())
 
 
+_FUZZ_KEYS = ('b', 'i', 'f', 's', 'n', 'lst', 'tup', 'd', 'dt', 'klass', 'arr',
+              'init', 'sub.input_dim', 'sub.cls', 'stack[1].output_dim', 'sub')
+# Whole values (good and bad) and fragments to glue together.
+_FUZZ_VALUES = ('1', '-2.5', '1e999', '-1e999', "float('inf')", "float('nan')",
+                '0x' + 'f' * 3700, 'True', 'false', 'None', "'x'", 'plain',
+                '[1, 2.5]', '[1e999]', '(1, (2, 3))', "{'a': 1}", '{1: 1j}',
+                '1j', 'tf.float32', 'tf.bfloat16', 'tf.nope',
+                'type/lingshard.layers.linear/LinearLayer',
+                'type/lingshard.layers.base_layer/BaseLayer',
+                'type/numpy/ndarray', 'type/numpy/matlib.matrix',
+                'type/os/system', 'ndarray/float32/[1e39]',
+                'ndarray/int32/[[1, 2], [3, 4]]', 'ndarray/int8/[1000]',
+                "WeightInit(method='xavier', scale=1e999)",
+                "WeightInit('gaussian', 0.5, 3)", '[[1, 2], [3, 4]]')
+_FUZZ_ATOMS = ('1', '-2.5', '1e999', 'True', 'None', "'x'", '[', ']', '(',
+               ')', '{', '}', ',', ':', '1j', 'tf.', 'float32', 'type/',
+               'lingshard.layers.linear', '/', 'LinearLayer', 'ndarray/',
+               'WeightInit(', "method='xavier'", 'scale=', ' ')
+
+
+@st.composite
+def _KeyValueLines(draw):
+  lines = []
+  for _ in range(draw(st.integers(1, 2))):
+    whole = st.sampled_from(_FUZZ_VALUES)
+    value = draw(st.one_of(
+        whole, whole,
+        st.lists(st.sampled_from(_FUZZ_ATOMS), max_size=5).map(''.join)))
+    lines.append(draw(st.sampled_from(_FUZZ_KEYS)) +
+                 draw(st.sampled_from([' : ', '=', ':'])) + value)
+  return '\n'.join(lines)
+
+
 @settings(max_examples=1000, deadline=None, derandomize=True)
-@given(st.text(max_size=80))
+@given(st.one_of(st.text(max_size=80), _KeyValueLines()))
 def test_arbitrary_text_raises_only_params_text_error(text):
   p = _AllTypes()
   try:
     p.FromText(text)
   except ParamsTextError:
-    pass
+    return
+  _AssertRoundTripsTyped(p)

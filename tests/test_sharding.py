@@ -107,7 +107,23 @@ def test_eager_calls_are_validated_identities():
             sharding.auto_to_manual(x, mesh, [0, -1]),
             sharding.manual_to_auto(x, mesh, [0, -1], [2, 3])):
     np.testing.assert_array_equal(y.numpy(), x.numpy())
-  assert sharding.mesh_split(x, None, [0, -1]) is not None
+
+
+def test_no_mesh_or_no_mapping_means_no_annotation():
+  """device_mesh None or split_dims_mapping None: `t` itself, no op."""
+  x = tf.reshape(tf.range(6.0), [2, 3])
+  mesh = np.arange(2)
+  assert sharding.mesh_split(x, None, [0, -1]) is x
+  assert sharding.mesh_split(x, mesh, None) is x
+
+  def Fn(t):
+    a = sharding.mesh_split(t * 2.0, None, [0, -1])
+    b = sharding.mesh_split(a + 1.0, mesh, None)
+    return sharding.mesh_split(b - 1.0, mesh, [0, -1])
+
+  hlo = _Hlo(Fn, x)
+  assert _Shardings(hlo) == ['{devices=[2,1]0,1}']
+  assert hlo.count('sharding=') == 1
 
 
 def test_manual_partitioning_is_emitted_only_for_a_partitioned_program():

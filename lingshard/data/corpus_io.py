@@ -7,15 +7,47 @@ validate every line and name the file and line of the first bad one.
 
 import collections
 import os
+import re
+
+from lingshard import base_input
 
 TSV_SUFFIX = '.tsv'
 # Placeholder- and HTML-free subset of a split, e.g. 'train.noph.tsv'.
 NOPH_SUFFIX = '.noph.tsv'
 STATS_FILE = 'stats.tsv'
+# The vocabularies' subdirectory of a prepared corpus (see vocab.py).
+VOCAB_DIR = 'vocab'
+PREPARE_COMMAND = 'python -m lingshard.data.prepare --out'
+
+# Language codes and package names become parts of file names.
+_SAFE_NAME_RE = re.compile(r'[A-Za-z0-9_@.-]+')
+SAFE_NAME_RULE = "letters, digits, '_', '@', '.', '-' only, no '..'"
 
 
-class CorpusError(ValueError):
+class CorpusError(base_input.InputError):
   """A corpus file is missing, empty or malformed."""
+
+
+def IsSafeName(name):
+  """True if `name` is non-empty, of SAFE_NAME_RULE's characters and has no
+  '..': it can name a file in a directory and never a path leaving it."""
+  return (isinstance(name, str) and bool(_SAFE_NAME_RE.fullmatch(name)) and
+          '..' not in name)
+
+
+def PrepareHint(path):
+  """'prepare the corpus with: python -m lingshard.data.prepare --out DIR',
+  DIR being the corpus directory holding `path` (the parent of `vocab/`
+  for a vocabulary file)."""
+  data_dir = os.path.dirname(path)
+  if os.path.basename(data_dir) == VOCAB_DIR:
+    data_dir = os.path.dirname(data_dir)
+  return f'prepare the corpus with: {PREPARE_COMMAND} {data_dir or "."}'
+
+
+def MissingFileError(what, path):
+  """The CorpusError of a missing corpus or vocabulary file."""
+  return CorpusError(f'{what} not found: {path}; {PrepareHint(path)}')
 
 
 def SplitPath(data_dir, split, noph=False):
@@ -46,6 +78,9 @@ def _ParseLine(line, path, lineno):
         f'(lang, source, target), got {len(fields)}: {text[:80]!r}')
   if not all(fields):
     raise CorpusError(f'{path}:{lineno}: empty field in {text[:80]!r}')
+  if not IsSafeName(fields[0]):
+    raise CorpusError(f'{path}:{lineno}: bad language code {fields[0]!r}: '
+                      f'use {SAFE_NAME_RULE}')
   return fields[0], fields[1], fields[2]
 
 
@@ -60,10 +95,11 @@ def ReadTsv(path):
 
   Raises:
     CorpusError: if the file is missing or empty, or a line is malformed
-      (the message starts with 'path:line:').
+      or has a language code that is not IsSafeName (the message starts
+      with 'path:line:').
   """
   if not os.path.isfile(path):
-    raise CorpusError(f'corpus file not found: {path}')
+    raise MissingFileError('corpus file', path)
   rows = []
   with open(path, encoding='utf-8', newline='\n') as f:
     lineno = 0

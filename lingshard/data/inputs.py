@@ -26,7 +26,13 @@ languages with temperature sampling p_l ~ (n_l/N)^(1/T) (N over the whole
 corpus, so all hosts agree). Examples longer than the largest bucket are
 dropped; the rest are padded to the smallest bucket bound that fits and
 batched with that bucket's batch size, so every batch has one of the
-static shapes [bucket_batch_limits[i], bucket_upper_bounds[i]].
+static shapes [bucket_batch_limits[i], bucket_upper_bounds[i]]. GetDataset
+counts the dropped examples once, eagerly (CountTooLong), and raises
+base_input.InputError if every example would be dropped (the repeated
+stream would otherwise never yield a batch).
+
+Missing data (corpus or vocabulary files) raises corpus_io.CorpusError
+when data is first read (Rows, GetDataset), never at construction.
 
 Eval (is_eval=True): file order, one pass, no sampling or shuffling;
 sequences longer than the largest bucket are truncated (never dropped, so
@@ -38,10 +44,12 @@ import glob
 import hashlib
 import os
 
+from absl import logging
 import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from lingshard import base_input
 from lingshard import hyperparams
 from lingshard.data import corpus_io
 from lingshard.data import sampling
@@ -59,9 +67,10 @@ def _DerivedSeed(*parts):
 
 def _ReadModel(path, what):
   if not path:
-    raise ValueError(f'{what} is not set')
+    raise corpus_io.CorpusError(
+        f'{what} is not set; set it to a SentencePiece model file')
   if not os.path.isfile(path):
-    raise FileNotFoundError(f'{what} not found: {path}')
+    raise corpus_io.MissingFileError(what, path)
   with open(path, 'rb') as f:
     return f.read()
 
@@ -143,14 +152,32 @@ class MtInput:
       raise ValueError(f'host_index {p.host_index} not in [0, '
                        f'{p.num_hosts})')
     self.params = p
-    src_model = _ReadModel(p.src_vocab, 'src_vocab')
-    tgt_model = _ReadModel(p.tgt_vocab, 'tgt_vocab')
-    self._src_sp = spm.SentencePieceProcessor(model_proto=src_model)
-    self._src_tok = tf_text.SentencepieceTokenizer(src_model,
-                                                   out_type=tf.int32)
-    self._tgt_tok = tf_text.SentencepieceTokenizer(tgt_model,
-                                                   out_type=tf.int32)
     self._rows = None
+    self._vocabs = None
+    self._too_long = None
+
+  def _Vocabs(self):
+    """Loads the vocabularies once, when data is first read.
+
+    Returns:
+      NestedMap of src_sp / tgt_sp (sentencepiece processors) and src_tok /
+      tgt_tok (in-graph tensorflow_text tokenizers).
+
+    Raises:
+      corpus_io.CorpusError: a vocabulary is not set or its file is missing.
+    """
+    if self._vocabs is None:
+      p = self.params
+      src_model = _ReadModel(p.src_vocab, 'src_vocab')
+      tgt_model = _ReadModel(p.tgt_vocab, 'tgt_vocab')
+      self._vocabs = NestedMap(
+          src_sp=spm.SentencePieceProcessor(model_proto=src_model),
+          tgt_sp=spm.SentencePieceProcessor(model_proto=tgt_model),
+          src_tok=tf_text.SentencepieceTokenizer(src_model,
+                                                 out_type=tf.int32),
+          tgt_tok=tf_text.SentencepieceTokenizer(tgt_model,
+                                                 out_type=tf.int32))
+    return self._vocabs
 
   # ------------------------------------------------------------ reading
   def Rows(self):
@@ -163,10 +190,13 @@ class MtInput:
     if self._rows is None:
       p = self.params
       if not p.file_pattern:
-        raise corpus_io.CorpusError('file_pattern is not set')
+        raise corpus_io.CorpusError(
+            'file_pattern is not set; set it to a corpus TSV file or glob')
       paths = sorted(glob.glob(p.file_pattern))
       if not paths:
-        raise corpus_io.CorpusError(f'no corpus file matches {p.file_pattern}')
+        raise corpus_io.CorpusError(
+            f'no corpus file matches {p.file_pattern}; '
+            f'{corpus_io.PrepareHint(p.file_pattern)}')
       rows = []
       for path in paths:
         rows.extend(corpus_io.ReadTsv(path))
@@ -190,8 +220,9 @@ class MtInput:
 
   def _TagId(self, lang):
     tag = vocab.LangTag(lang)
-    tag_id = self._src_sp.piece_to_id(tag)
-    if tag_id == self._src_sp.unk_id():
+    src_sp = self._Vocabs().src_sp
+    tag_id = src_sp.piece_to_id(tag)
+    if tag_id == src_sp.unk_id():
       raise ValueError(f'{tag} is not a symbol of src_vocab '
                        f'{self.params.src_vocab}')
     return tag_id
@@ -210,20 +241,66 @@ class MtInput:
     p = self.params
     return rows[p.host_index::p.num_hosts]
 
-  def SampledExamples(self):
-    """Training stream of (lang, src text, tgt text, tag id) before
-    tokenization: per-language shuffle + repeat + temperature sampling."""
+  def _TrainingRows(self):
+    """{lang: this host's training rows}, languages sorted."""
     p = self.params
     groups = {}
     for row in self.Rows():
       groups.setdefault(row[0], []).append(row)
+    # A language smaller than num_hosts still gives every host an example,
+    # so that each host can sample it with the common probability.
+    return {lang: (self._HostShard(groups[lang]) or
+                   [groups[lang][p.host_index % len(groups[lang])]])
+            for lang in sorted(groups)}
+
+  def _Lengths(self, rows):
+    """Featurized lengths max(|src.ids|, |tgt.ids|) of rows (_Featurize's
+    EOS, BOS and en2xx tag included), with the Python tokenizers."""
+    v = self._Vocabs()
+    _, src, tgt, _ = self._Columns(rows)
+    extra = 2 if self.params.direction == 'en2xx' else 1
+    return [max(len(s) + extra, len(t) + 1) for s, t in zip(
+        v.src_sp.encode(src), v.tgt_sp.encode(tgt))]
+
+  def CountTooLong(self):
+    """(too long, total): this host's training examples longer than the
+    largest bucket bound, which training drops, and all of them.
+
+    Counted once, eagerly, with the pipeline's SentencePiece models (the
+    Python API tokenizes exactly as tensorflow_text does in the graph).
+    """
+    if self._too_long is None:
+      bound = self.params.bucket_upper_bounds[-1]
+      lengths = [n for rows in self._TrainingRows().values()
+                 for n in self._Lengths(rows)]
+      self._too_long = (sum(n > bound for n in lengths), len(lengths))
+    return self._too_long
+
+  def _CheckSomeExamplesFit(self):
+    """Raises if training would drop every example (and so never yield a
+    batch); logs how many it drops otherwise."""
+    p = self.params
+    too_long, total = self.CountTooLong()
+    where = p.file_pattern if p.num_hosts == 1 else (
+        f'{p.file_pattern} (host {p.host_index} of {p.num_hosts})')
+    bound = p.bucket_upper_bounds[-1]
+    if too_long == total:
+      raise base_input.InputError(
+          f'all {total} examples of {where} are longer than the largest '
+          f'bucket bound {bound} (source or target tokens incl. EOS); raise '
+          f'input.bucket_upper_bounds')
+    if too_long:
+      logging.info('%s: %d of %d examples are longer than the largest bucket '
+                   'bound %d and are dropped', where, too_long, total, bound)
+
+  def SampledExamples(self):
+    """Training stream of (lang, src text, tgt text, tag id) before
+    tokenization: per-language shuffle + repeat + temperature sampling."""
+    p = self.params
+    groups = self._TrainingRows()
     probs = self.SamplingProbs()
     datasets, weights = [], []
-    for lang in sorted(groups):
-      # A language smaller than num_hosts still gives every host an example,
-      # so that each host can sample it with the common probability.
-      rows = (self._HostShard(groups[lang]) or
-              [groups[lang][p.host_index % len(groups[lang])]])
+    for lang, rows in groups.items():
       ds = tf.data.Dataset.from_tensor_slices(self._Columns(rows))
       if p.shuffle:
         ds = ds.shuffle(min(len(rows), p.shuffle_buffer_size),
@@ -242,8 +319,9 @@ class MtInput:
   # ------------------------------------------------------- featurizing
   def _Featurize(self, lang, src, tgt, tag):
     """Tokenizes one example; returns a flat dict of unpadded features."""
-    src_ids = self._src_tok.tokenize(src)
-    tgt_ids = self._tgt_tok.tokenize(tgt)
+    v = self._Vocabs()
+    src_ids = v.src_tok.tokenize(src)
+    tgt_ids = v.tgt_tok.tokenize(tgt)
     eos = tf.constant([vocab.EOS_ID], tf.int32)
     bos = tf.constant([vocab.BOS_ID], tf.int32)
     if self.params.direction == 'en2xx':
@@ -343,6 +421,7 @@ class MtInput:
             f'{p.file_pattern}')
       ds = tf.data.Dataset.from_tensor_slices(self._Columns(rows))
     else:
+      self._CheckSomeExamplesFit()
       ds = self.SampledExamples()
     ds = ds.map(self._Featurize, num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True)

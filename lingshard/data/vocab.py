@@ -36,7 +36,7 @@ import sentencepiece as spm
 from lingshard.data import corpus_io
 from lingshard.data import splits
 
-VOCAB_DIR = 'vocab'
+VOCAB_DIR = corpus_io.VOCAB_DIR
 MULTI_MODEL = 'spm_multi.model'
 EN_MODEL = 'spm_en.model'
 SHARED_MODEL = 'spm_shared.model'

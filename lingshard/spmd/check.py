@@ -291,6 +291,28 @@ def _Numpy(t):
   return t.numpy() if hasattr(t, 'numpy') else np.asarray(t)
 
 
+def NumericBatch(batch):
+  """The batch without string leaves (MtInput's `lang`, `src.strs`): an XLA
+  program takes numbers only and the loss never reads strings (as the
+  trainer's `step.NumericBatch`). Leaves are numpy arrays or tensors."""
+
+  def IsString(x):
+    if isinstance(x, tf.Tensor):
+      return x.dtype == tf.string
+    return isinstance(x, (str, bytes)) or (
+        isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind in 'OSU')
+
+  def Keep(x):
+    if isinstance(x, dict):
+      return NestedMap({k: Keep(v) for k, v in x.items()
+                        if not IsString(v)})
+    if isinstance(x, (list, tuple)):
+      return type(x)(Keep(v) for v in x if not IsString(v))
+    return x
+
+  return Keep(_AsNestedMap(batch))
+
+
 def _BatchSplit(mesh):
   """Annotates every batch tensor's dim 0 over mesh axis 0 (data parallel)."""
 
@@ -312,7 +334,8 @@ def CheckTask(task, batch, mesh_shape, *, name=None, step=0,
   Args:
     task: an instantiated BaseTask; its device_mesh (if any) must have
       prod(mesh_shape) devices.
-    batch: NestedMap of numpy arrays / tensors.
+    batch: NestedMap of numpy arrays / tensors; string leaves are dropped
+      (NumericBatch).
     mesh_shape: as CheckFunction.
     name: for the report (default: the task's path).
     step: the `step` fprop kwarg (int64 scalar constant in the program);
@@ -345,7 +368,7 @@ def CheckTask(task, batch, mesh_shape, *, name=None, step=0,
                      per_example=per_example)
 
   inputs = NestedMap(theta=task.theta.Transform(_Numpy),
-                     batch=_AsNestedMap(batch).Transform(_Numpy))
+                     batch=NumericBatch(batch).Transform(_Numpy))
   return CheckFunction(Step, inputs, mesh_shape, name=name or task.path,
                        expect=expect, rtol=rtol, atol=atol,
                        compare=compare)

@@ -9,8 +9,8 @@ it with XLA's SPMD partitioner for prod(mesh) devices, runs it on that many
 virtual host CPU devices, compares with the single-device TF run and prints
 the report (parity, collectives, per-device FLOPs and memory, compile
 time). Exit status 1 on a mismatch or a failed --expect rule; bad input
-(unknown model, a mesh the devices cannot hold, jaxlib missing) prints one
-line and exits 1. See lingshard/spmd/expect.py for the rule syntax.
+(unknown model, a mesh the devices cannot hold, jaxlib missing, the model's
+data not prepared) prints one line and exits 1. See lingshard/spmd/expect.py for the rule syntax.
 """
 
 import sys
@@ -64,6 +64,7 @@ def main(argv):
   if not FLAGS.model:
     raise app.UsageError('--model is required (a registered model key)')
   # pylint: disable=g-import-not-at-top
+  from lingshard import base_input
   from lingshard.spmd import check
   from lingshard.spmd import expect as expect_lib
   from lingshard.spmd import xla_runtime
@@ -75,7 +76,7 @@ def main(argv):
                  FLAGS.step, FLAGS.split_batch, FLAGS.rtol, FLAGS.print_hlo)
   except (LookupError, xla_runtime.JaxlibUnavailableError,
           xla_runtime.DeviceCountError, expect_lib.ExpectRuleError,
-          check.MeshShapeError) as e:
+          check.MeshShapeError, base_input.InputError) as e:
     sys.exit(f'spmd_check: error: {e}')
   sys.exit(0 if result.ok else 1)
 

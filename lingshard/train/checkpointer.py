@@ -10,13 +10,25 @@ Layout of `<logdir>/train/`:
     data/.ATTRIBUTES/ITERATOR_STATE  the tf.data iterator (when enabled)
 
 Atomicity: TF writes the shards under `<prefix>_temp/`, merges them into
-`ckpt-<step>.*`, and only then rewrites the `checkpoint` state file (itself
-written to a temporary file and renamed). A crash before that rename leaves
-the state file naming the previous checkpoint, which is untouched (old
-checkpoints are deleted only after the new state is recorded). A step is
-never saved twice, so the checkpoint the state file names is never being
-overwritten (tests/trainer/test_trainer_checkpointer.py kills a process at
-each stage of a save to prove this).
+`ckpt-<step>.*`, then rewrites the `checkpoint` state file (written to a
+temporary file and renamed) and only after that deletes the checkpoints
+beyond `max_to_keep`. A crash before that rename leaves the state file naming
+the previous checkpoint, which is untouched. A step is never saved twice, so
+the checkpoint the state file names is never being overwritten
+(tests/trainer/test_trainer_checkpointer.py kills a process at each stage of
+a save, with max_to_keep=1, to prove this).
+
+A save that fails (a full disk, any write error) removes what it wrote of
+that step unless the state file already records it, and raises
+CheckpointError naming the directory and the OS error.
+
+Reading: the state file must parse and name a checkpoint whose `.index`
+exists, and a directory holding `ckpt-*.index` files must have a state
+file; otherwise CheckpointError names the file. The CheckpointManager (which
+ignores an unparsable state file and would overwrite it) is created only
+after this check, at the first save, so a damaged directory is never
+overwritten by a run restarting from step 0. A checkpoint whose `.index` or
+`.data-*` file is truncated or corrupt is named the same way.
 
 Before restoring, the checkpoint's variable names, shapes and dtypes are
 compared with the run's: the first difference (in sorted path order) is
@@ -24,12 +36,21 @@ reported by name instead of TF's list of unresolved objects.
 """
 
 import os
+import re
 import time
 
 from absl import logging
+from google.protobuf import text_format
 import tensorflow as tf
+from tensorflow.python.training import checkpoint_state_pb2
 
 _SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
+STATE_FILE = 'checkpoint'
+_PREFIX = 'ckpt'
+# What a damaged or truncated checkpoint file raises when read (a short
+# read of a `.data` file is an IndexError).
+_READ_ERRORS = (tf.errors.OpError, ValueError, LookupError)
+_WRITE_ERRORS = (tf.errors.OpError, OSError)
 
 
 class CheckpointError(RuntimeError):
@@ -50,6 +71,99 @@ def _Tree(by_path):
 
 def _Describe(shape, dtype):
   return f'{list(shape)} {tf.as_dtype(dtype).name}'
+
+
+def _ErrorText(error):
+  """One line of an exception's message, without TF's op decorations."""
+  text = getattr(error, 'message', None) or str(error) or type(error).__name__
+  text = re.sub(r'\{\{function_node [^}]*\}\}\s*', '', text)
+  text = re.sub(r'\s*\[Op:\w+\]', '', text)
+  return ' '.join(text.split())
+
+
+def _Advice(train_dir):
+  state = os.path.join(train_dir, STATE_FILE)
+  return (f'nothing was written: make {state} name a good checkpoint (one '
+          f'line: model_checkpoint_path: "{_PREFIX}-<step>") or use a new '
+          'logdir')
+
+
+def _Absolute(train_dir, path):
+  if os.path.isabs(path) or '://' in path:
+    return path
+  return os.path.join(train_dir, path)
+
+
+def _Step(path):
+  m = re.search(rf'{_PREFIX}-(\d+)\.index$', path)
+  return int(m.group(1)) if m else -1
+
+
+def ReadState(train_dir):
+  """Prefix of the checkpoint the state file of `train_dir` names, or None
+  when there is no state file and no `ckpt-*.index` file.
+
+  Raises CheckpointError (naming the file) for a state file that does not
+  parse, names no checkpoint or one without an `.index` file, and for
+  `ckpt-*.index` files without a state file.
+  """
+  state = os.path.join(train_dir, STATE_FILE)
+  if not tf.io.gfile.exists(state):
+    found = tf.io.gfile.glob(os.path.join(train_dir, f'{_PREFIX}-*.index'))
+    if not found:
+      return None
+    newest = os.path.basename(max(found, key=_Step))
+    raise CheckpointError(f'checkpoint state file {state} is missing but '
+                          f'{train_dir} holds {newest}; {_Advice(train_dir)}')
+  try:
+    with tf.io.gfile.GFile(state, 'rb') as f:
+      text = f.read().decode('utf-8')
+    proto = text_format.Parse(text, checkpoint_state_pb2.CheckpointState())
+  except (tf.errors.OpError, UnicodeDecodeError,
+          text_format.ParseError) as e:
+    raise CheckpointError(f'checkpoint state file {state} is unreadable '
+                          f'({_ErrorText(e)}); {_Advice(train_dir)}') from None
+  if not proto.model_checkpoint_path:
+    what = 'is empty' if not text.strip() else 'names no checkpoint'
+    raise CheckpointError(f'checkpoint state file {state} {what}; '
+                          f'{_Advice(train_dir)}')
+  path = _Absolute(train_dir, proto.model_checkpoint_path)
+  if not tf.io.gfile.exists(path + '.index'):
+    raise CheckpointError(
+        f'checkpoint state file {state} names '
+        f'{proto.model_checkpoint_path!r} but {path}.index does not exist; '
+        f'{_Advice(train_dir)}')
+  return path
+
+
+def _DataFile(path):
+  """The `.data-*` file of checkpoint `path` (its pattern when several)."""
+  found = sorted(tf.io.gfile.glob(path + '.data-*'))
+  return found[0] if len(found) == 1 else path + '.data-*'
+
+
+def _Reader(path, what='checkpoint file', advice=None):
+  """A CheckpointReader of `path`; CheckpointError naming its `.index`."""
+  try:
+    return tf.train.load_checkpoint(path)
+  except _READ_ERRORS as e:
+    raise CheckpointError(f'{what} {path}.index is unreadable '
+                          f'({_ErrorText(e)})' +
+                          (f'; {advice}' if advice else '')) from None
+
+
+def _FirstBadFile(path, reader):
+  """(file, error) of the first unreadable file of checkpoint `path`
+  (every tensor is read back, checksums included), or (None, None)."""
+  dtypes = reader.get_variable_to_dtype_map()
+  names = sorted(dtypes)
+  try:
+    tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
+                         shape_and_slices=[''] * len(names),
+                         dtypes=[dtypes[n] for n in names])
+  except _READ_ERRORS as e:
+    return _DataFile(path), e
+  return None, None
 
 
 class Checkpointer:
@@ -84,27 +198,37 @@ class Checkpointer:
     self._is_chief = is_chief
     self._save_dir = (train_dir if is_chief else
                       os.path.join(train_dir, f'.tmp_worker_{worker_id}'))
-    self._manager = tf.train.CheckpointManager(
-        self._ckpt, self._save_dir, max_to_keep=max_to_keep)
+    self._max_to_keep = max_to_keep
+    self._manager = None  # Created by the first save (see _Manager).
     self._interval_steps = save_interval_steps
     self._interval_secs = save_interval_secs
     self._last_saved_step = None
     self._last_save_time = time.time()
 
+  def _Manager(self):
+    """The CheckpointManager, created once the state file is known good
+    (the manager ignores an unparsable state file and would overwrite it)."""
+    if self._manager is None:
+      if self._is_chief:
+        ReadState(self._save_dir)
+        for name in tf.io.gfile.glob(
+            os.path.join(self._save_dir, STATE_FILE + '.tmp*')):
+          tf.io.gfile.remove(name)  # Left by a state-file write killed midway.
+      self._manager = tf.train.CheckpointManager(
+          self._ckpt, self._save_dir, max_to_keep=self._max_to_keep)
+    return self._manager
+
   # ------------------------------------------------------------- restoring
   def LatestPath(self):
-    """Path prefix of the newest committed checkpoint, or None."""
-    return tf.train.latest_checkpoint(self.train_dir)
+    """Path prefix of the newest committed checkpoint, or None; raises
+    CheckpointError for a damaged state file (see ReadState)."""
+    return ReadState(self.train_dir)
 
-  def CheckCompatible(self, path):
+  def CheckCompatible(self, path, reader=None):
     """Raises CheckpointError naming the first variable that differs."""
-    try:
-      reader = tf.train.load_checkpoint(path)
-      shapes = reader.get_variable_to_shape_map()
-      dtypes = reader.get_variable_to_dtype_map()
-    except (tf.errors.OpError, ValueError) as e:
-      raise CheckpointError(f'checkpoint {path} is unreadable: '
-                            f'{type(e).__name__}: {e}') from None
+    reader = reader or _Reader(path)
+    shapes = reader.get_variable_to_shape_map()
+    dtypes = reader.get_variable_to_dtype_map()
     for prefix, kind, ours in (('theta', 'variable', self._theta),
                                ('opt', 'optimizer slot', self._slots)):
       if prefix == 'opt' and not ours:
@@ -134,8 +258,8 @@ class Checkpointer:
     path = path or self.LatestPath()
     if path is None:
       return None, False
-    self.CheckCompatible(path)
-    reader = tf.train.load_checkpoint(path)
+    reader = _Reader(path, advice=_Advice(self.train_dir))
+    self.CheckCompatible(path, reader)
     has_data = 'data/.ATTRIBUTES/ITERATOR_STATE' in (
         reader.get_variable_to_shape_map())
     objects = dict(step=self._state.step, seed=self._state.seed,
@@ -147,9 +271,14 @@ class Checkpointer:
     seed_before = int(self._state.seed.numpy())
     try:
       tf.train.Checkpoint(**objects).read(path).expect_partial()
-    except (tf.errors.OpError, ValueError) as e:
-      raise CheckpointError(f'checkpoint {path} is unreadable: '
-                            f'{type(e).__name__}: {e}') from None
+    except _READ_ERRORS as e:
+      bad, error = _FirstBadFile(path, reader)
+      if bad is None:
+        raise CheckpointError(f'checkpoint {path} could not be restored: '
+                              f'{_ErrorText(e)}') from None
+      raise CheckpointError(f'checkpoint file {bad} is unreadable '
+                            f'({_ErrorText(error)}); '
+                            f'{_Advice(self.train_dir)}') from None
     saved_seed = int(self._state.seed.numpy())
     if saved_seed != seed_before:
       raise CheckpointError(
@@ -168,12 +297,8 @@ class Checkpointer:
     Every weight of the model must be in the checkpoint with the same
     shape; extra checkpoint variables are ignored.
     """
-    try:
-      reader = tf.train.load_checkpoint(path)
-      shapes = reader.get_variable_to_shape_map()
-    except (tf.errors.OpError, ValueError) as e:
-      raise CheckpointError(f'--init_from_checkpoint {path} is unreadable: '
-                            f'{type(e).__name__}: {e}') from None
+    reader = _Reader(path, what='--init_from_checkpoint file')
+    shapes = reader.get_variable_to_shape_map()
     for name in sorted(self._theta):
       key = f'theta/{name}{_SUFFIX}'
       var = self._theta[name]
@@ -185,9 +310,14 @@ class Checkpointer:
                               f'{name!r} is {var.shape.as_list()} in the '
                               f'model but {list(shapes[key])} in the '
                               'checkpoint')
-    for name in sorted(self._theta):
-      self._theta[name].assign(
-          reader.get_tensor(f'theta/{name}{_SUFFIX}'))
+    try:
+      values = {name: reader.get_tensor(f'theta/{name}{_SUFFIX}')
+                for name in sorted(self._theta)}
+    except _READ_ERRORS as e:
+      raise CheckpointError(f'--init_from_checkpoint file {_DataFile(path)} '
+                            f'is unreadable ({_ErrorText(e)})') from None
+    for name, value in values.items():
+      self._theta[name].assign(value)
     logging.info('Warm-started %d weights from %s.', len(self._theta), path)
 
   # ---------------------------------------------------------------- saving
@@ -205,16 +335,55 @@ class Checkpointer:
     return self.Save(step) if self.ShouldSave(step) else None
 
   def Save(self, step):
-    """Saves `ckpt-<step>` unless that step is already saved."""
+    """Saves `ckpt-<step>` unless that step is already saved.
+
+    On a write error (e.g. a full disk) removes the files of this step the
+    state file does not record and raises CheckpointError.
+    """
     if step == self._last_saved_step:
       return None
-    path = self._manager.save(checkpoint_number=step)
+    manager = self._Manager()
+    try:
+      path = manager.save(checkpoint_number=step)
+    except _WRITE_ERRORS as e:
+      raise self._SaveFailed(step, e) from None
     self._last_saved_step = step
     self._last_save_time = time.time()
     if not self._is_chief:
       tf.io.gfile.rmtree(self._save_dir)
       return None
     return path
+
+  def _SaveFailed(self, step, error):
+    """Cleans up after a failed save of `step`; the CheckpointError."""
+    prefix = os.path.join(self._save_dir, f'{_PREFIX}-{step}')
+    try:
+      latest = ReadState(self._save_dir)
+    except CheckpointError:
+      latest = None
+    partial = tf.io.gfile.glob(prefix + '_temp*') + tf.io.gfile.glob(
+        os.path.join(self._save_dir, STATE_FILE + '.tmp*'))
+    if latest != prefix:
+      partial += tf.io.gfile.glob(prefix + '.*')
+    for name in partial:
+      try:
+        if tf.io.gfile.isdir(name):
+          tf.io.gfile.rmtree(name)
+        else:
+          tf.io.gfile.remove(name)
+      except tf.errors.OpError as e:
+        logging.warning('Could not remove %s: %s', name, _ErrorText(e))
+    # The manager's bookkeeping now lists the failed step: re-read the disk.
+    self._manager = None
+    detail = _ErrorText(error).rsplit('; ', 1)[-1]
+    removed = '' if latest == prefix else 'its partial files were removed; '
+    kept = (f'the latest checkpoint is {latest}: free space there (or fix '
+            'the error) and restart to resume from it' if latest else
+            'no checkpoint was saved yet: free space there (or fix the '
+            'error) and restart')
+    return CheckpointError(
+        f'could not save checkpoint {_PREFIX}-{step} in {self._save_dir}: '
+        f'{detail}; {removed}{kept}')
 
   @property
   def last_saved_step(self):

@@ -28,6 +28,9 @@ import sacrebleu
 import sentencepiece as spm
 import tensorflow as tf
 
+from lingshard import base_input
+from lingshard.data import corpus_io
+
 Record = collections.namedtuple('Record',
                                 ['language', 'source', 'hypothesis',
                                  'reference'])
@@ -37,10 +40,13 @@ class Detokenizer:
   """ids -> text with a SentencePiece model; stops at EOS, drops pad/BOS.
 
   Ids past the model's vocabulary (a model whose softmax is padded beyond
-  the SentencePiece vocabulary) read as <unk>.
+  the SentencePiece vocabulary) read as <unk>. A missing model file raises
+  corpus_io.CorpusError naming it and the prepare command.
   """
 
   def __init__(self, model_file):
+    if isinstance(model_file, str) and not os.path.isfile(model_file):
+      raise corpus_io.MissingFileError('vocabulary', model_file)
     self._sp = spm.SentencePieceProcessor(model_file=model_file)
     self._eos = self._sp.eos_id()
     self._drop = {i for i in (self._sp.pad_id(), self._sp.bos_id()) if i >= 0}
@@ -207,11 +213,21 @@ def FormatExamples(records, n=5):
 
 
 def WriteOutputs(out_dir, records, scores, step=None):
-  """`<lang>.{src,hyp,ref}.txt` (line-aligned), scores.json, scores.txt."""
-  tf.io.gfile.makedirs(out_dir)
+  """`<lang>.{src,hyp,ref}.txt` (line-aligned), scores.json, scores.txt.
+
+  Raises:
+    base_input.InputError: a language is not corpus_io.IsSafeName (the
+      file would be named outside `out_dir`); nothing is written then.
+  """
   by_lang = collections.defaultdict(list)
   for r in records:
     by_lang[r.language].append(r)
+  for lang in sorted(by_lang):
+    if not corpus_io.IsSafeName(lang):
+      raise base_input.InputError(
+          f'cannot write decode output for language {lang!r} in {out_dir}: '
+          f'language codes must use {corpus_io.SAFE_NAME_RULE}')
+  tf.io.gfile.makedirs(out_dir)
   for lang, rs in sorted(by_lang.items()):
     for field, ext in (('source', 'src'), ('hypothesis', 'hyp'),
                        ('reference', 'ref')):

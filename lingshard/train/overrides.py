@@ -3,7 +3,9 @@
 An override string is `key=value` assignments separated by `;` outside
 quotes (`task.train.learning_rate=0.1;input.file='a;b'`). Each assignment is
 applied with `Params.FromText`, so values follow its rules (the type of the
-current value, literals only, no eval).
+current value, literals only, no eval, no imports). An assignment may not
+start with `#` (FromText would skip it as a comment), hold a line break, or
+set a key an earlier assignment of the same flag set.
 """
 
 from lingshard import hyperparams
@@ -33,7 +35,7 @@ def SplitOverrides(text, flag='--params_override'):
     current.append(ch)
   if quote:
     raise OverrideError(f'{flag} has an unterminated {quote} quote: '
-                        f'{text!r}')
+                        f'{hyperparams.Quote(text)}')
   pieces.append(''.join(current))
   return [p.strip() for p in pieces if p.strip()]
 
@@ -42,11 +44,8 @@ def _Apply(params, line, what):
   try:
     params.FromText(line)
   except hyperparams.ParamsTextError as e:
-    msg = str(e)
-    prefix = f'line 1: {line!r}: '
-    if msg.startswith(prefix):
-      msg = msg[len(prefix):]
-    raise OverrideError(f'{what} {line!r}: {msg}') from None
+    raise OverrideError(f'{what} {hyperparams.Quote(line)}: '
+                        f'{e.detail}') from None
 
 
 def ApplyParamsFile(params, path, read_fn=None):
@@ -65,8 +64,26 @@ def ApplyParamsFile(params, path, read_fn=None):
 
 def ApplyOverrides(params, text, flag='--params_override'):
   """Applies each `key=value` of an override string, in order."""
+  seen = {}  # key -> the assignment that set it.
   for line in SplitOverrides(text, flag):
+    quoted = hyperparams.Quote(line)
+    if line.startswith('#'):
+      raise OverrideError(f"{flag} {quoted}: starts with '#', which would "
+                          "make it a comment; remove the '#' or the "
+                          'assignment')
+    if len(line.splitlines()) > 1:
+      raise OverrideError(f'{flag} {quoted}: holds a line break; separate '
+                          "assignments with ';'")
     if '=' not in line:
-      raise OverrideError(f'{flag} {line!r}: expected key=value')
+      raise OverrideError(f'{flag} {quoted}: expected key=value')
+    try:
+      key, _ = hyperparams.SplitLine(line)
+    except hyperparams.ParamsTextError as e:
+      raise OverrideError(f'{flag} {quoted}: {e.detail}') from None
+    if key in seen:
+      raise OverrideError(f'{flag} {quoted}: {hyperparams.Quote(key)} is '
+                          f'already set by {hyperparams.Quote(seen[key])}; '
+                          'keep one of the two')
+    seen[key] = line
     _Apply(params, line, flag)
   return params

@@ -6,14 +6,16 @@ of NestedMaps of tensors and the int64 number of updates done before this
 one. It calls `task.LossAndGradients` (THE step math), averages across
 replicas when there are several, clips by global norm, applies the optimizer
 with the scheduled learning rate, and refuses the update (returns the inputs)
-when the loss or the gradients are not finite. Nothing in it reads or writes
-variables, so the same function is compiled whole by XLA (`jit=True`) on one
-device, run per replica under MirroredStrategy, and partitioned by SPMD on TPU.
+when the loss, the gradients, the new weights or the new optimizer slots are
+not finite. Nothing in it reads or writes variables, so the same function is
+compiled whole by XLA (`jit=True`) on one device, run per replica under
+MirroredStrategy, and partitioned by SPMD on TPU.
 
 `metrics` holds the task's metrics as (value, weight) pairs plus
-`learning_rate`, `grad_norm` (before clipping), `is_finite` (1.0 / 0.0),
-`num_examples` and `num_tokens` (non-padding target tokens, 0 if the batch
-has no `tgt.paddings`), summed over replicas.
+`learning_rate`, `grad_norm` (before clipping), `is_finite` (1.0 when the
+update was applied, 0.0 when it was refused), `num_examples` and
+`num_tokens` (non-padding target tokens, 0 if the batch has no
+`tgt.paddings`), summed over replicas.
 """
 
 import tensorflow as tf
@@ -113,7 +115,8 @@ class TrainStep:
     return out, grads
 
   def Update(self, theta, opt_state, grads, metrics, step):
-    """Clip, schedule, optimizer update; a non-finite step changes nothing."""
+    """Clip, schedule, optimizer update; a step whose loss, gradients, new
+    weights or new slots are not finite changes nothing."""
     tp = self.train_params
     step = tf.cast(step, tf.int64)
     grad_leaves = [tf.cast(g, tf.float32) for g in grads.Flatten()]
@@ -125,8 +128,9 @@ class TrainStep:
                                 tp.warmup_steps, step)
     new_theta, new_state = self.optimizer.Apply(
         theta, grads.Pack(grad_leaves), opt_state, lr, step)
-    ok = tf.logical_and(tf.math.is_finite(metrics.loss[0]),
-                        tf.math.is_finite(grad_norm))
+    ok = tf.reduce_all(tf.stack([
+        tf.math.is_finite(metrics.loss[0]), tf.math.is_finite(grad_norm),
+        _AllFinite(new_theta.Flatten() + tf.nest.flatten(new_state))]))
     def Keep(new, old):
       return tf.where(ok, new, old)
 
@@ -139,6 +143,13 @@ class TrainStep:
     out.grad_norm = (grad_norm, one)
     out.is_finite = (tf.cast(ok, tf.float32), one)
     return new_theta, new_state, out
+
+
+def _AllFinite(tensors):
+  """Scalar bool: every element of every floating-point tensor is finite."""
+  flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors
+           if t.dtype.is_floating]
+  return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
 def _CountBatch(batch):

@@ -2,10 +2,11 @@
 
 One iteration: take the next global batch, split it over replicas, run the
 pure `TrainStep` per replica, assign theta' and the optimizer state to the
-variables, and count the update if it was finite. Then, on the host:
-stop on a non-finite step (`NonFiniteError`, the last good checkpoint is
-kept), write summaries / the progress line / a checkpoint when due, and
-evaluate when an evaluation hook is given.
+variables, and count the update if it was finite. Then, on the host (one
+read per step of [is_finite, examples, tokens]): stop on a non-finite step
+(`NonFiniteError`; the step left the variables unchanged and the last good
+checkpoint is kept), write summaries / the progress line / a checkpoint when
+due, and evaluate when an evaluation hook is given.
 
 Resume: the data order is part of the checkpoint (the tf.data iterator's
 state) or, with `checkpoint_data_iterator=False`, a resumed run skips
@@ -14,6 +15,7 @@ batch k of an uninterrupted one, and (seed, step) fix the randomness, so a
 resumed run ends with the same bits as an uninterrupted one.
 """
 
+import math
 import os
 import time
 
@@ -30,17 +32,23 @@ NON_FINITE_EXIT_CODE = 3
 
 
 class NonFiniteError(RuntimeError):
-  """The loss or the gradients of a step were NaN or Inf."""
+  """A step's loss, gradients or updated weights/slots were NaN or Inf."""
 
-  def __init__(self, step, loss, grad_norm, checkpoint):
+  def __init__(self, step, loss, grad_norm, checkpoint, learning_rate=None):
     self.step = step
     self.checkpoint = checkpoint
     kept = (f'the last good checkpoint is {checkpoint}' if checkpoint else
             'no checkpoint was saved yet')
+    if math.isfinite(loss) and math.isfinite(grad_norm):
+      what = 'the updated weights or optimizer slots'
+      values = (f'loss={loss}, grad_norm={grad_norm}, '
+                f'learning_rate={learning_rate}')
+    else:
+      what = 'loss or gradients'
+      values = f'loss={loss}, grad_norm={grad_norm}'
     super().__init__(
-        f'NaN/Inf in loss or gradients at step {step} (loss={loss}, '
-        f'grad_norm={grad_norm}); the update was not applied and training '
-        f'stopped; {kept}')
+        f'NaN/Inf in {what} at step {step} ({values}); the update was not '
+        f'applied and training stopped; {kept}')
 
 
 class Trainer:
@@ -83,8 +91,7 @@ class Trainer:
         save_interval_steps=tp.save_interval_steps,
         save_interval_secs=tp.save_interval_secs,
         is_chief=self._info.is_chief, worker_id=self._info.worker_id)
-    self._writer = summaries.SummaryWriter(self.train_dir,
-                                           enabled=self._info.is_chief)
+    self._writer = None  # Created after a successful Restore.
     self._run_step = tf.function(self._RunStep)
 
   # ------------------------------------------------------------ the step
@@ -129,12 +136,20 @@ class Trainer:
     `max_seconds` > 0 also stops (with a checkpoint) at the first step that
     ends past that many seconds of this call: a time budget for demos. Each
     worker measures its own time, so do not use it with multi_worker.
-    Returns the last step's metrics as numpy. Raises NonFiniteError.
+    Returns the last step's metrics as numpy. Raises NonFiniteError,
+    checkpointer.CheckpointError, and ValueError for a negative max_steps.
     """
     tp = self.train_params
     max_steps = tp.max_steps if max_steps is None else max_steps
+    if max_steps < 0:
+      raise ValueError(f'max_steps is {max_steps}; it must be >= 0 (set '
+                       'task.train.max_steps or --max_steps)')
     start = time.time()
     step = self.Restore()
+    if self._writer is None:
+      # Only now: a logdir whose checkpoints cannot be read is left as is.
+      self._writer = summaries.SummaryWriter(self.train_dir,
+                                             enabled=self._info.is_chief)
     meter = summaries.Throughput(step)
     metrics_np = {}
     if step >= max_steps:
@@ -148,7 +163,8 @@ class Trainer:
         m = summaries.MetricsToNumpy(metrics)
         raise NonFiniteError(step + 1, float(m['loss'][0]),
                              float(m['grad_norm'][0]),
-                             self.checkpointer.LatestPath())
+                             self.checkpointer.LatestPath(),
+                             float(m['learning_rate'][0]))
       step += 1
       meter.Add(examples, tokens)
       out_of_time = bool(max_seconds) and time.time() - start >= max_seconds

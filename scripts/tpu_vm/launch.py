@@ -20,11 +20,18 @@ Steps (each printed as `+ command` before it runs; --dry_run only prints):
      codes;
   6. delete the TPU VM if this run created it (unless --keep).
 
+Local commands run as argv lists (no local shell). Every value put into a
+command string that a worker's shell runs (model, logdir, mode, trainer
+args, pip source and extras) is shell-quoted word by word, so it reaches
+the trainer / pip / gcloud as the same bytes; --trainer_args and
+--pip_extra are split into words like a shell command line first.
+
 Only the Python standard library is used: this runs on a laptop with gcloud.
 """
 
 import argparse
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -36,6 +43,18 @@ EXIT = '~/lingshard-train.exit'
 TARBALL = 'lingshard-src.tar.gz'
 DEFAULT_PIP = ('tensorflow-tpu -f '
                'https://storage.googleapis.com/libtpu-tf-releases/index.html')
+# Cloud resource names: lowercase letters, digits, hyphens; start with a
+# letter, end with a letter or digit, at most 63 characters.
+NAME_RE = re.compile(r'[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?')
+
+
+def _Words(ap, flag, value):
+  """`value` split into words like a shell command line (shlex.split)."""
+  try:
+    return shlex.split(value)
+  except ValueError as e:
+    ap.error(f'{flag} {value!r} is not a shell-quoted command line ({e}); '
+             'close every quote')
 
 
 def ParseArgs(argv):
@@ -63,8 +82,13 @@ def ParseArgs(argv):
   ap.add_argument('--dry_run', action='store_true',
                   help='Print every command without running it.')
   args = ap.parse_args(argv)
+  if not NAME_RE.fullmatch(args.name):
+    ap.error(f'--name {args.name!r} is not a TPU VM name: use lowercase '
+             'letters, digits and hyphens, starting with a letter (at most 63)')
   if not args.logdir.startswith('gs://'):
     ap.error('--logdir must be a gs:// path (the TPU VMs write it)')
+  args.trainer_argv = _Words(ap, '--trainer_args', args.trainer_args)
+  args.pip_extra_argv = _Words(ap, '--pip_extra', args.pip_extra)
   return args
 
 
@@ -89,6 +113,7 @@ def CreateCommand(args):
 
 def InstallCommands(args):
   pip = 'python3 -m pip install --quiet'
+  extra = shlex.join(args.pip_extra_argv)
   if args.source == 'local':
     tarball = os.path.join('/tmp', TARBALL)
     return [
@@ -99,16 +124,16 @@ def InstallCommands(args):
          f'--project={args.project}'],
         Ssh(args, f'rm -rf ~/lingshard && mkdir ~/lingshard && '
                   f'tar -xzf ~/{TARBALL} -C ~/lingshard && '
-                  f'{pip} ~/lingshard {args.pip_extra}'),
+                  f'{pip} ~/lingshard {extra}'),
     ]
-  return [Ssh(args, f'{pip} {shlex.quote(args.source)} {args.pip_extra}')]
+  return [Ssh(args, f'{pip} {shlex.quote(args.source)} {extra}')]
 
 
 def TrainerCommand(args):
   """The shell command each worker runs in the background."""
   trainer = ['python3', '-m', 'lingshard.trainer', f'--model={args.model}',
              f'--logdir={args.logdir}', f'--mode={args.mode}',
-             '--strategy=tpu', '--tpu=local'] + shlex.split(args.trainer_args)
+             '--strategy=tpu', '--tpu=local'] + args.trainer_argv
   job = shlex.join(trainer) + f'; echo $? > {EXIT}'
   return (f'cd ~ && rm -f {EXIT} && '
           f'nohup sh -c {shlex.quote(job)} > {LOG} 2>&1 < /dev/null &')
@@ -122,10 +147,12 @@ def StreamCommand(args):
 
 
 def CollectCommand(args):
-  return Ssh(args, f'gcloud storage cp {LOG} '
-                   f'{args.logdir}/tpu_vm_logs/$(hostname).log; '
-                   f'echo "$(hostname) exit $(cat {EXIT})"; '
-                   f'exit $(cat {EXIT})')
+  """Copies the log to <logdir>/tpu_vm_logs/<host>.log; exits with the
+  trainer's exit code (1 if it left none), whatever the copy did."""
+  dest = shlex.quote(f'{args.logdir}/tpu_vm_logs/')
+  return Ssh(args, f'rc=$(cat {EXIT}); '
+                   f'gcloud storage cp {LOG} {dest}"$(hostname).log"; '
+                   'echo "$(hostname) exit ${rc:-none}"; exit "${rc:-1}"')
 
 
 def DeleteCommand(args):

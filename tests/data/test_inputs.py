@@ -255,5 +255,3 @@ def testParamsValidationAndTextRoundTrip(prepared_dir):
     _Params(prepared_dir, bucket_batch_limits=[8]).Instantiate()
   with pytest.raises(ValueError, match='host_index'):
     _Params(prepared_dir, num_hosts=2, host_index=2).Instantiate()
-  with pytest.raises(FileNotFoundError, match='src_vocab not found'):
-    _Params(prepared_dir, src_vocab='/nonexistent.model').Instantiate()

@@ -84,3 +84,22 @@ def testMalformedHeadersRaise(header):
 def testFormOutsideNpluralsRaises():
   with pytest.raises(plural_forms.PluralFormsError, match='outside nplurals'):
     plural_forms.FormRoles('nplurals=2; plural=n == 1 ? 0 : 2;')
+
+
+@pytest.mark.parametrize('expression', [
+    '(' * 5000 + 'n' + ')' * 5000,  # Parser recursion.
+    '!' * 5000 + 'n',
+    ' + '.join(['n'] * 100000),  # A flat chain: evaluation recursion.
+    'n == 1 ? 0 : ' * 60 + '1',
+])
+def test_deep_expression_is_a_plural_forms_error_not_recursion_error(
+    expression):
+  with pytest.raises(plural_forms.PluralFormsError) as e:
+    plural_forms.FormRoles(f'nplurals=2; plural={expression};')
+  assert str(e.value) == 'plural expression nests deeper than 50 levels'
+
+
+def test_expression_at_the_depth_limit_still_parses():
+  _, fn = plural_forms.ParsePluralForms(
+      'nplurals=2; plural=' + '(' * 48 + 'n != 1' + ')' * 48 + ';')
+  assert [fn(n) for n in (0, 1, 2)] == [1, 0, 1]

@@ -178,14 +178,45 @@ def test_dropless_outputs_match_numpy_and_impls_agree():
                              rtol=1e-4, atol=1e-5)
 
 
+def _OverCapacityByRank(layer, theta, x, pad, step, k, capacity, g=2):
+  """Dropped / wanted choices per rank from a per-token numpy routing.
+
+  Per group and expert one queue: every real token's first choice in token
+  order, then every second choice (GShard Algorithm 1); a choice is dropped
+  when `capacity` choices are queued before it.
+  """
+  e = theta.wg.shape[1]
+  xs = x.reshape(g, -1, M).astype(np.float64)
+  real = pad.reshape(g, -1) == 0
+  normal = routing_rng.TokenNormal(
+      layer.layer_seed, routing_rng.STREAM_NOISE, step,
+      tf.range(x.shape[0] * x.shape[1], dtype=tf.int64), e).numpy()
+  hx = (xs @ theta.wg.numpy() + normal.reshape(g, -1, e) *
+        _Softplus(xs @ theta.w_noise.numpy()))
+  wanted, dropped = np.zeros(k), np.zeros(k)
+  for gi in range(g):
+    queued = np.zeros(e, np.int64)
+    for rank in range(k):
+      for s in range(xs.shape[1]):
+        if real[gi, s]:
+          expert = np.argsort(-hx[gi, s], kind='stable')[rank]
+          wanted[rank] += 1
+          dropped[rank] += queued[expert] >= capacity
+          queued[expert] += 1
+  return dropped / wanted
+
+
 def test_capacity_factor_bounds_buffers_and_inference_has_no_noise():
   layer = _Layer(capacity_factor=0.5)
   assert layer.Capacity(32) == int(np.ceil(0.5 * 2 * 32 / 6))
   x, pad = _Batch(seed=6)
   theta = _RandomGating(layer)
-  _, aux = layer.FProp(theta, tf.constant(x), tf.constant(pad))
-  assert aux.metrics.over_capacity_first.numpy() >= 0
-  assert aux.metrics.over_capacity_second.numpy() > 0
+  _, aux = layer.FProp(theta, tf.constant(x), tf.constant(pad), step=5)
+  want = _OverCapacityByRank(layer, theta, x, pad, 5, 2, layer.Capacity(32))
+  assert want[0] > 0 and want[1] > want[0]  # Both ranks drop here.
+  np.testing.assert_allclose(
+      [aux.metrics.over_capacity_first.numpy(),
+       aux.metrics.over_capacity_second.numpy()], want, rtol=1e-6)
   evl = _Layer(is_inference=True)
   r1, _, _ = evl.ComputeRouting(theta, tf.constant(x), tf.constant(pad), 1)
   r2, _, _ = evl.ComputeRouting(theta, tf.constant(x), tf.constant(pad), 2)

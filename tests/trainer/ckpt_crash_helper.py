@@ -1,14 +1,21 @@
-"""Subprocess helper of test_trainer_checkpointer: saves checkpoint 1 (all
-weights 1.0), then dies by SIGKILL at `kill_point` while saving checkpoint 2
-(all weights 2.0).
+"""Subprocess helper of the checkpoint tests: dies by SIGKILL at a chosen
+point of a save.
 
   python ckpt_crash_helper.py TRAIN_DIR KILL_POINT
+    saves checkpoint 1 (all weights 1.0) with max_to_keep=1, then dies at
+    KILL_POINT while saving checkpoint 2 (all weights 2.0).
 
-Kill points, in the order a save goes through them:
+  python ckpt_crash_helper.py --trainer KILL_POINT STEP TRAINER_FLAGS...
+    runs lingshard.trainer and dies at KILL_POINT of the save of step STEP.
+
+Kill points, in the order a save goes through them (all are hooks on the
+functions the production save calls, which otherwise run unchanged):
   before_merge   shards written to <prefix>_temp/, not yet merged
   mid_merge      ckpt-2.index/.data written, then truncated (a torn write)
   before_state   ckpt-2 complete, the `checkpoint` state file not updated
-  mid_state      the new state file's temporary written, not yet renamed
+  mid_state      inside TF's atomic write of the state file: its temporary
+                 file is written, the rename over `checkpoint` not done
+  before_sweep   the state file names ckpt-2, ckpt-1 not yet deleted
 """
 
 import os
@@ -35,7 +42,8 @@ def _SetAll(state, value):
     var.assign(var.read_value() * 0 + value)
 
 
-def Patch(kill_point, train_dir):
+def Patch(kill_point, prefix):
+  """Makes the next save of checkpoint `prefix` die at `kill_point`."""
   gen_io_ops = functional_saver.gen_io_ops
   real_merge = gen_io_ops.merge_v2_checkpoints
 
@@ -44,9 +52,10 @@ def Patch(kill_point, train_dir):
       _Die()
     out = real_merge(*args, **kwargs)
     if kill_point == 'mid_merge':
-      for name in os.listdir(train_dir):
-        if name.startswith('ckpt-2.'):
-          path = os.path.join(train_dir, name)
+      directory, base = os.path.split(prefix)
+      for name in os.listdir(directory):
+        if name.startswith(base + '.'):
+          path = os.path.join(directory, name)
           with open(path, 'r+b') as f:
             f.truncate(os.path.getsize(path) // 2)
       _Die()
@@ -61,32 +70,62 @@ def Patch(kill_point, train_dir):
     return real_update(*args, **kwargs)
 
   checkpoint_management.update_checkpoint_state_internal = Update
-  real_atomic = file_io.atomic_write_string_to_file
+  # The real file_io.atomic_write_string_to_file writes its temporary file,
+  # then calls this module-level rename.
+  real_rename = file_io.rename
 
-  def Atomic(filename, contents, overwrite=True):
-    if kill_point == 'mid_state':
-      file_io.write_string_to_file(filename + '.tmp-crash', contents)
+  def Rename(oldname, newname, overwrite=False):
+    if (kill_point == 'mid_state' and
+        os.path.basename(newname) == 'checkpoint'):
       _Die()
-    return real_atomic(filename, contents, overwrite)
+    return real_rename(oldname, newname, overwrite)
 
-  file_io.atomic_write_string_to_file = Atomic
+  file_io.rename = Rename
+  manager_cls = checkpoint_management.CheckpointManager
+  real_sweep = manager_cls._sweep  # pylint: disable=protected-access
+
+  def Sweep(self):
+    if kill_point == 'before_sweep':
+      _Die()
+    return real_sweep(self)
+
+  manager_cls._sweep = Sweep  # pylint: disable=protected-access
 
 
 def main(train_dir, kill_point):
   params = model_registry.GetParams('toy.FFRegression')
   task = params.task.Instantiate()
   state = state_lib.TrainState(task, step_lib.TrainStep(task))
-  ckpt = checkpointer.Checkpointer(train_dir, state)
+  ckpt = checkpointer.Checkpointer(train_dir, state, max_to_keep=1)
   _SetAll(state, 1.0)
   state.step.assign(1)
   ckpt.Save(1)
   print('saved 1', flush=True)
   _SetAll(state, 2.0)
   state.step.assign(2)
-  Patch(kill_point, train_dir)
+  Patch(kill_point, os.path.join(train_dir, 'ckpt-2'))
   ckpt.Save(2)
   print('saved 2 (not killed)', flush=True)
 
 
+def TrainerMain(kill_point, kill_step, trainer_args):
+  """Runs the trainer binary; dies at `kill_point` of the save of
+  `kill_step`."""
+  from lingshard import trainer  # pylint: disable=import-outside-toplevel
+  real_save = checkpointer.Checkpointer.Save
+
+  def Save(self, step):
+    if step == kill_step:
+      Patch(kill_point, os.path.join(self.train_dir, f'ckpt-{step}'))
+    return real_save(self, step)
+
+  checkpointer.Checkpointer.Save = Save
+  sys.argv = [sys.argv[0]] + list(trainer_args)
+  trainer.Run()
+
+
 if __name__ == '__main__':
-  main(sys.argv[1], sys.argv[2])
+  if sys.argv[1] == '--trainer':
+    TrainerMain(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+  else:
+    main(sys.argv[1], sys.argv[2])

@@ -1,6 +1,7 @@
 """Checkpoints: atomic saves (a process killed at every stage of a save
-leaves the previous checkpoint loadable), mismatch errors naming the first
-differing variable, warm start, cadence and retention."""
+leaves a loadable latest checkpoint, also with max_to_keep=1), mismatch
+errors naming the first differing variable, warm start, cadence and
+retention."""
 
 import os
 import signal
@@ -17,7 +18,11 @@ from lingshard.train import state as state_lib
 from lingshard.train import step as step_lib
 from tests.trainer import trainer_testlib
 
-KILL_POINTS = ('before_merge', 'mid_merge', 'before_state', 'mid_state')
+# Kill points of ckpt_crash_helper (in save order) -> the step the state
+# file must name afterwards (max_to_keep=1: a save that deleted the old
+# checkpoint before recording the new one would leave nothing loadable).
+KILL_POINTS = {'before_merge': 1, 'mid_merge': 1, 'before_state': 1,
+               'mid_state': 1, 'before_sweep': 2}
 
 
 def _State(**train):
@@ -31,43 +36,56 @@ def _AllValues(state):
   return [v.numpy() for v in state.theta.Flatten() + state.opt_state.Flatten()]
 
 
-def test_killed_saves_leave_previous_checkpoint_loadable(tmp_path):
+def _CheckKilledSave(train_dir, point, latest):
+  files = sorted(os.listdir(train_dir))
+  # The crash happened inside the save of step 2 ...
+  if point == 'before_merge':
+    assert 'ckpt-2_temp' in files, files
+  else:
+    assert 'ckpt-2.index' in files, files
+  if point == 'mid_state':
+    # ... inside TF's atomic write: its temporary names ckpt-2, the state
+    # file still ckpt-1.
+    tmp = [n for n in files if n.startswith('checkpoint.tmp')]
+    assert len(tmp) == 1, files
+    assert 'model_checkpoint_path: "ckpt-2"' in (train_dir / tmp[0]).read_text()
+  if point == 'before_sweep':
+    assert 'ckpt-1.index' in files, files
+  # ... and the committed checkpoint is intact.
+  state = _State()
+  ckpt = checkpointer.Checkpointer(str(train_dir), state, max_to_keep=1)
+  assert ckpt.LatestPath() == str(train_dir / f'ckpt-{latest}'), point
+  assert ckpt.Restore()[0] == latest, point
+  for value in _AllValues(state):
+    np.testing.assert_array_equal(value, np.full_like(value, latest))
+  # The run goes on: the next save replaces torn files and leftovers.
+  for var in state.theta.Flatten():
+    var.assign(var * 0 + 3.0)
+  state.step.assign(latest + 1)
+  ckpt.Save(latest + 1)
+  again = _State()
+  assert checkpointer.Checkpointer(str(train_dir), again).Restore()[0] == (
+      latest + 1)
+  np.testing.assert_array_equal(again.theta.fc[0].w.numpy(),
+                                np.full([8, 32], 3.0, np.float32))
+  assert sorted(os.listdir(train_dir)) == [
+      'checkpoint', f'ckpt-{latest + 1}.data-00000-of-00001',
+      f'ckpt-{latest + 1}.index'], point
+
+
+def test_killed_saves_leave_a_loadable_latest_checkpoint(tmp_path):
   helper = os.path.join(os.path.dirname(__file__), 'ckpt_crash_helper.py')
   procs = {}
   for point in KILL_POINTS:
-    train_dir = tmp_path / point
     procs[point] = subprocess.Popen(
-        [sys.executable, helper, str(train_dir), point],
+        [sys.executable, helper, str(tmp_path / point), point],
         env=trainer_testlib.TrainerEnv(), stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
   for point, proc in procs.items():
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, (point, out, err[-2000:])
     assert out == 'saved 1\n', point
-    train_dir = tmp_path / point
-    files = sorted(os.listdir(train_dir))
-    # The crash happened inside the save of step 2 ...
-    if point == 'before_merge':
-      assert 'ckpt-2_temp' in files, files
-    else:
-      assert 'ckpt-2.index' in files, files
-    # ... and the committed checkpoint is still step 1, intact.
-    state = _State()
-    ckpt = checkpointer.Checkpointer(str(train_dir), state)
-    assert ckpt.LatestPath() == str(train_dir / 'ckpt-1'), point
-    step, _ = ckpt.Restore()
-    assert step == 1
-    for value in _AllValues(state):
-      np.testing.assert_array_equal(value, np.ones_like(value))
-    # The run can go on: saving step 2 again replaces the torn files.
-    for var in state.theta.Flatten():
-      var.assign(var * 0 + 3.0)
-    state.step.assign(2)
-    ckpt.Save(2)
-    again = _State()
-    assert checkpointer.Checkpointer(str(train_dir), again).Restore()[0] == 2
-    np.testing.assert_array_equal(again.theta.fc[0].w.numpy(),
-                                  np.full([8, 32], 3.0, np.float32))
+    _CheckKilledSave(tmp_path / point, point, KILL_POINTS[point])
 
 
 def _Saved(tmp_path, **task):
@@ -127,9 +145,13 @@ def test_unreadable_checkpoint(tmp_path):
   with open(path + '.index', 'wb') as f:
     f.write(b'not a checkpoint')
   state = _State()
-  with pytest.raises(checkpointer.CheckpointError,
-                     match=rf'^checkpoint {path} is unreadable: '):
+  with pytest.raises(checkpointer.CheckpointError) as e:
     checkpointer.Checkpointer(str(tmp_path), state).Restore()
+  assert str(e.value) == (
+      f'checkpoint file {path}.index is unreadable (file is too short to be '
+      f'an sstable); nothing was written: make {tmp_path}/checkpoint name a '
+      'good checkpoint (one line: model_checkpoint_path: "ckpt-<step>") or '
+      'use a new logdir')
 
 
 def test_seed_mismatch(tmp_path):

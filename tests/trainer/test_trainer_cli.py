@@ -1,16 +1,21 @@
 """The trainer binary: --list_models, unknown models, params overrides and
-files (exact error messages), print_params, NaN/Inf stop, exit codes."""
+files (exact error messages), print_params, NaN/Inf stop, exit codes; bad
+input (a logdir under a file, a binary params file, steps out of range, a
+full disk, missing data) is one line, exit 1, and writes nothing."""
 
+import os
 import re
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from lingshard import base_input
 from lingshard import model_registry
 from lingshard import trainer
 from lingshard.train import overrides
 from lingshard.train import train_loop
+from tests import readme_testlib
 from tests.trainer import trainer_testlib
 
 
@@ -190,3 +195,122 @@ def test_time_budget_stops_with_a_checkpoint(tmp_path):
   assert lines[-1] == 'time budget of 1e-09s reached at step 1'
   assert tf.train.latest_checkpoint(str(tmp_path / 'train')).endswith(
       'ckpt-1')
+
+
+# ------------------------------------------- bad input: one line, no files
+def _Tree(root):
+  """Every path under `root`, relative, sorted."""
+  return sorted(os.path.relpath(os.path.join(d, n), root)
+                for d, dirs, files in os.walk(root) for n in dirs + files)
+
+
+def _BadRunCases(tmp_path):
+  afile = tmp_path / 'afile'
+  afile.write_text('not a directory\n')
+  binary = tmp_path / 'params.bin'
+  binary.write_bytes(b'task.train.max_steps : 5\n\x89PNG\r\n\x1a\n\xff\x00')
+  logdir = tmp_path / 'run'
+  return {
+      'logdir_under_file': (
+          [f'--logdir={afile}/run'],
+          f'--logdir {afile}/run: {afile} is a file, not a directory; choose '
+          'another --logdir'),
+      'binary_params_file': (
+          [f'--logdir={logdir}', f'--params_file={binary}'],
+          f'--params_file {binary}: not a text file (binary data at byte 25); '
+          'pass a params text file of "key : value" lines, e.g. a logdir\'s '
+          'params.txt'),
+      'negative_max_steps': (
+          [f'--logdir={logdir}', '--max_steps=-3'],
+          '--max_steps=-3: must be >= 1 (the step to train to)'),
+  }
+
+
+@pytest.mark.parametrize('case', ['logdir_under_file', 'binary_params_file',
+                                  'negative_max_steps'])
+def test_bad_input_is_one_line_exit_1_and_writes_nothing(tmp_path, case):
+  args, message = _BadRunCases(tmp_path)[case]
+  before = _Tree(tmp_path)
+  run = trainer_testlib.RunTrainer('--model=toy.FFRegression', *args)
+  assert run.returncode == 1, run.stderr[-3000:]
+  assert readme_testlib.OwnStderrLines(run.stderr) == [
+      f'lingshard.trainer: error: {message}'], run.stderr[-3000:]
+  assert _Tree(tmp_path) == before
+
+
+@pytest.mark.parametrize('content,offset', [
+    (b'task.train.max_steps : 5\n\x00', 25),  # UTF-8, but a NUL byte.
+    (b'task.seed : 1\n\xff\xfe', 14),  # Not UTF-8.
+])
+def test_params_file_binary(tmp_path, content, offset):
+  path = tmp_path / 'p.txt'
+  path.write_bytes(content)
+  with pytest.raises(overrides.OverrideError) as e:
+    _Execute('--model=toy.FFRegression', '--mode=print_params',
+             f'--params_file={path}')
+  assert str(e.value) == (
+      f'--params_file {path}: not a text file (binary data at byte {offset}); '
+      'pass a params text file of "key : value" lines, e.g. a logdir\'s '
+      'params.txt')
+
+
+def test_params_file_directory(tmp_path):
+  with pytest.raises(overrides.OverrideError) as e:
+    _Execute('--model=toy.FFRegression', '--mode=print_params',
+             f'--params_file={tmp_path}')
+  assert str(e.value) == f'--params_file {tmp_path}: Is a directory'
+
+
+def test_max_steps_below_one_from_params_is_refused(tmp_path):
+  logdir = tmp_path / 'run'
+  with pytest.raises(trainer.ConfigError) as e:
+    _Execute('--model=toy.FFRegression', f'--logdir={logdir}',
+             '--params_override=task.train.max_steps=0')
+  assert str(e.value) == ('task.train.max_steps is 0; it must be >= 1 (the '
+                          'step to train to)')
+  assert not logdir.exists()
+
+
+@pytest.mark.parametrize('flag,message', [
+    ('--max_steps=0', '--max_steps=0: must be >= 1 (the step to train to)'),
+    ('--max_train_seconds=-1', '--max_train_seconds=-1: must be >= 0 (0 = no '
+     'limit)'),
+    ('--num_cpu_devices=0', '--num_cpu_devices=0: must be >= 1'),
+])
+def test_numeric_flags_out_of_range(tmp_path, flag, message):
+  with pytest.raises(trainer.ConfigError) as e:
+    _Execute('--model=toy.FFRegression', f'--logdir={tmp_path / "run"}', flag)
+  assert str(e.value) == message
+  assert _Tree(tmp_path) == []
+
+
+def test_full_disk_writing_params_txt(tmp_path):
+  """/dev/full fails every write with ENOSPC, as a full disk does."""
+  if not os.path.exists('/dev/full'):
+    pytest.skip('no /dev/full')
+  logdir = tmp_path / 'run'
+  logdir.mkdir()
+  os.symlink('/dev/full', logdir / 'params.txt')
+  with pytest.raises(trainer.ConfigError) as e:
+    _Execute('--model=toy.FFRegression', f'--logdir={logdir}',
+             '--max_steps=2')
+  assert str(e.value) == (
+      f'--logdir {logdir}: cannot write {logdir}/params.txt: No space left on '
+      'device; free space or choose another --logdir')
+  assert _Tree(tmp_path) == ['run', 'run/params.txt']  # No train/.
+
+
+def test_missing_vocabulary_is_found_before_writing(tmp_path):
+  corpus = tmp_path / 'corpus'
+  corpus.mkdir()
+  (corpus / 'train.tsv').write_text('de\tHallo Welt\tHello world\n')
+  vocab_file = corpus / 'vocab' / 'spm_shared.model'
+  logdir = tmp_path / 'run'
+  with pytest.raises(base_input.InputError) as e:
+    _Execute('--model=m4.TinyMoE', f'--logdir={logdir}', '--max_steps=2',
+             f"--params_override=input.file_pattern='{corpus}/train.tsv';"
+             f"input.src_vocab='{vocab_file}';input.tgt_vocab='{vocab_file}'")
+  assert str(e.value) == (
+      f'src_vocab not found: {vocab_file}; prepare the corpus with: python -m '
+      f'lingshard.data.prepare --out {corpus}')
+  assert not logdir.exists()

@@ -60,10 +60,10 @@ def test_dry_run_prints_every_command():
            '&'),
       _Ssh('0', 'tail -n +1 -F ~/lingshard-train.log & t=$!; while [ ! -f '
            '~/lingshard-train.exit ]; do sleep 10; done; sleep 2; kill $t'),
-      _Ssh('all', 'gcloud storage cp ~/lingshard-train.log '
-           'gs://bucket/runs/m4/tpu_vm_logs/$(hostname).log; echo '
-           '"$(hostname) exit $(cat ~/lingshard-train.exit)"; exit $(cat '
-           '~/lingshard-train.exit)'),
+      _Ssh('all', 'rc=$(cat ~/lingshard-train.exit); gcloud storage cp '
+           '~/lingshard-train.log gs://bucket/runs/m4/tpu_vm_logs/'
+           '"$(hostname).log"; echo "$(hostname) exit ${rc:-none}"; exit '
+           '"${rc:-1}"'),
       TPU + ['delete', 'ls-m4'] + WHERE + ['--quiet'],
   ]
   assert got == want
@@ -116,7 +116,7 @@ def test_reuses_an_existing_vm_and_keeps_it():
 def test_deletes_a_created_vm_even_on_failure():
   module = _Module()
   run = FakeRun(describe=1, scp=255)
-  with pytest.raises(RuntimeError):
+  with pytest.raises(RuntimeError, match='^scp$'):
     module.Launch(module.ParseArgs(ARGS), run)
   assert run.verbs == ['describe', 'create', 'git', 'scp', 'delete']
   run = FakeRun(describe=1)
@@ -126,7 +126,9 @@ def test_deletes_a_created_vm_even_on_failure():
 
 def test_logdir_must_be_on_gcs(capsys):
   module = _Module()
-  with pytest.raises(SystemExit):
+  with pytest.raises(SystemExit) as e:
     module.ParseArgs([a for a in ARGS if not a.startswith('--logdir')] +
                      ['--logdir=/tmp/x'])
-  assert '--logdir must be a gs:// path' in capsys.readouterr().err
+  assert e.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1].endswith(
+      ': error: --logdir must be a gs:// path (the TPU VMs write it)')

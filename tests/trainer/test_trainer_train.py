@@ -6,6 +6,7 @@ import os
 import re
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from lingshard import hyperparams
@@ -317,3 +318,12 @@ def test_non_finite_gradient_with_finite_loss_changes_nothing():
   assert float(metrics.is_finite[0]) == 0.0
   for a, b in zip(new_theta.Flatten(), theta.Flatten()):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_negative_max_steps_is_an_error(tmp_path):
+  t = train_loop.Trainer(_Params(), str(tmp_path), printer=lambda _: None)
+  with pytest.raises(ValueError) as e:
+    t.Train(max_steps=-3)
+  assert str(e.value) == ('max_steps is -3; it must be >= 0 (set '
+                          'task.train.max_steps or --max_steps)')
+  assert not glob.glob(str(tmp_path / 'train' / 'ckpt-*'))

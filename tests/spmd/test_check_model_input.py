@@ -1,0 +1,75 @@
+"""The checker on a model's real input: string leaves of the batch (MtInput's
+`lang`) stay out of the XLA program, as in the trainer's step; a missing
+corpus is one line naming the prepare command."""
+
+import os
+
+from absl.testing import flagsaver
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lingshard import model_registry
+from lingshard.nested_map import NestedMap
+from lingshard.spmd import check
+from lingshard.tools import spmd_check
+from tests.data.conftest import fixture_wheel  # noqa: F401
+from tests.data.conftest import prepared_dir  # noqa: F401
+
+
+def test_numeric_batch_drops_only_string_leaves():
+  batch = NestedMap(
+      src=NestedMap(ids=np.ones([2, 3], np.int32),
+                    strs=np.array([b'a', b'b'], object)),
+      lang=tf.constant(['de', 'fr']),
+      names=np.array(['x', 'y']),
+      tags=np.array([b'x', b'y']),
+      inputs=[np.zeros([2], np.float32), np.array([b'q'], object)],
+      step=tf.constant(3, tf.int64))
+  out = check.NumericBatch(batch)
+  assert [k for k, _ in out.FlattenItems()] == ['inputs[0]', 'src.ids',
+                                                'step']
+  assert out.src.ids is batch.src.ids and out.step is batch.step
+
+
+@pytest.fixture
+def in_corpus_dir(prepared_dir, tmp_path, monkeypatch):  # noqa: F811
+  """A working directory whose data/ui_m4 is the prepared test corpus."""
+  (tmp_path / 'data').mkdir()
+  os.symlink(prepared_dir, tmp_path / 'data' / 'ui_m4')
+  monkeypatch.chdir(tmp_path)
+  return tmp_path
+
+
+def test_tiny_moe_real_batch_has_strings_that_stay_out_of_the_program(
+    in_corpus_dir):
+  del in_corpus_dir
+  model = model_registry.GetParams('m4.TinyMoE', 'Train').Instantiate()
+  batch = check.FirstBatch(model.GetInput())
+  assert batch.lang.dtype == object  # The real input carries strings.
+  r = check.CheckModel('m4.TinyMoE', 8,
+                       expect=['only:all-to-all,all-reduce',
+                               'no-all-gather:wi|wo'])
+  assert r.ok, r.Report()
+  inputs = [k for k in r.input_shardings if k.startswith('batch.')]
+  assert sorted(inputs) == sorted(
+      f'batch.{k}' for k, _ in check.NumericBatch(batch).FlattenItems())
+  assert 'batch.lang' not in r.input_shardings
+
+
+def _Cli(*args):
+  with flagsaver.flagsaver():
+    spmd_check.FLAGS.unparse_flags()  # The tool's private flags: reset.
+    spmd_check.FLAGS(['spmd_check', *args])
+    with pytest.raises(SystemExit) as e:
+      spmd_check.main(['spmd_check'])
+  return e.value.code
+
+
+def test_cli_without_corpus_says_how_to_prepare(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert _Cli('--model=m4.TinyMoE', '--mesh=8') == (
+      'spmd_check: error: no corpus file matches data/ui_m4/train.tsv; '
+      'prepare the corpus with: python -m lingshard.data.prepare --out '
+      'data/ui_m4')
+  assert os.listdir(tmp_path) == []
