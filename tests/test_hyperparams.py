@@ -121,8 +121,9 @@ def test_delete():
   p = _Nested()
   p.Delete('dim', 'encoder.dropout')
   assert 'dim' not in p and 'dropout' not in p.encoder
-  with pytest.raises(UnknownParamError):
+  with pytest.raises(UnknownParamError) as e:
     p.Delete('dim')
+  assert str(e.value) == "Unknown param 'dim'; known keys: encoder, num_layers"
 
 
 def test_equality():

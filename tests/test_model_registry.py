@@ -29,7 +29,11 @@ def test_lookup_error_lists_close_matches():
     model_registry.GetParams('toy.FFRegression', 'Eval')
 
 
-def test_duplicate_key_is_an_error():
+def test_duplicate_key_is_an_error(monkeypatch):
+  # A copy of the registry, so DupModel is not listed after this test.
+  monkeypatch.setattr(model_registry, '_REGISTRY',
+                      dict(model_registry._REGISTRY))
+
   def Make():
     class DupModel(SingleTaskModelParams):
       """A duplicate (complete, so every-model tests can run it)."""

@@ -84,11 +84,13 @@ def _ParseLine(line, path, lineno):
   return fields[0], fields[1], fields[2]
 
 
-def ReadTsv(path):
+def ReadTsv(path, allow_empty=False):
   """Reads and validates a corpus TSV file.
 
   Args:
     path: the TSV file.
+    allow_empty: return [] for an empty file (prepare writes an evaluation
+      split with no pairs when a corpus has none for it).
 
   Returns:
     list of (lang, source, target) tuples in file order.
@@ -108,7 +110,7 @@ def ReadTsv(path):
         rows.append(_ParseLine(line, path, lineno))
     except UnicodeDecodeError as e:
       raise CorpusError(f'{path}:{lineno + 1}: not UTF-8: {e}') from e
-  if not rows:
+  if not rows and not allow_empty:
     raise CorpusError(f'corpus file is empty: {path}')
   return rows
 

@@ -20,12 +20,14 @@ from lingshard.data import splits
 
 
 def SplitCounts(data_dir):
-  """{split: {lang: count}} for the splits present; train must exist."""
+  """{split: {lang: count}} for the splits present; train must exist and
+  hold pairs, an evaluation split may be empty (all its counts are 0)."""
   counts = {}
   for name in splits.ALL_SPLITS:
     path = corpus_io.SplitPath(data_dir, name)
     if name == splits.TRAIN or os.path.exists(path):
-      counts[name] = corpus_io.LanguageCounts(corpus_io.ReadTsv(path))
+      counts[name] = corpus_io.LanguageCounts(
+          corpus_io.ReadTsv(path, allow_empty=name != splits.TRAIN))
   return counts
 
 

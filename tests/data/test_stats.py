@@ -69,3 +69,33 @@ def testMissingCorpusIsAnError(tmp_path, capsys):
 def testBadTemperatureIsAnError(prepared_dir, capsys):
   assert stats.main([prepared_dir, '--temperature', '0']) == 1
   assert 'temperature must be > 0' in capsys.readouterr().err
+
+
+def _CopyCorpus(prepared_dir, tmp_path):
+  for name in splits.ALL_SPLITS:
+    src = corpus_io.SplitPath(prepared_dir, name)
+    if os.path.exists(src):
+      with open(src, 'rb') as f, open(corpus_io.SplitPath(
+          str(tmp_path), name), 'wb') as g:
+        g.write(f.read())
+  return str(tmp_path)
+
+
+def testEmptyEvaluationSplitCountsZero(prepared_dir, tmp_path, capsys):
+  # prepare writes an evaluation split with no pairs for a corpus without
+  # any (e.g. no string unseen in English): stats reports zeros for it.
+  data_dir = _CopyCorpus(prepared_dir, tmp_path)
+  open(corpus_io.SplitPath(data_dir, splits.DEV_UNSEEN), 'w').close()
+  assert stats.main([data_dir, '--temperature', '5']) == 0
+  header, rows = _Table(capsys.readouterr().out)
+  column = header.index(splits.DEV_UNSEEN) - 1
+  assert int(rows['ALL'][column]) == 0
+  assert int(rows['ALL'][0]) > 0
+
+
+def testEmptyTrainingSplitIsAnError(prepared_dir, tmp_path, capsys):
+  data_dir = _CopyCorpus(prepared_dir, tmp_path)
+  train = corpus_io.SplitPath(data_dir, splits.TRAIN)
+  open(train, 'w').close()
+  assert stats.main([data_dir]) == 1
+  assert capsys.readouterr().err == f'error: corpus file is empty: {train}\n'

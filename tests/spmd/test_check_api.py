@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -14,7 +13,7 @@ from lingshard.layers import linear
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
 from lingshard.spmd import xla_runtime
-from lingshard.tools import spmd_check
+from tests.spmd import spmd_testlib
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -151,34 +150,25 @@ def test_other_jaxlib_version_names_the_pinned_one():
   xla_runtime.CheckJaxlibVersion('0.10.2')
 
 
-def _Cli(*args):
-  with flagsaver.flagsaver():
-    spmd_check.FLAGS.unparse_flags()  # The tool's private flags: reset.
-    spmd_check.FLAGS(['spmd_check', *args])
-    with pytest.raises(SystemExit) as e:
-      spmd_check.main(['spmd_check'])
-  return e.value.code
-
-
 def test_cli_bad_input_exits_with_one_line(no_jaxlib):
   del no_jaxlib
-  assert _Cli('--model=toy.FFRegression') == f'spmd_check: error: {_NO_JAXLIB}'
+  assert spmd_testlib.RunCli('--model=toy.FFRegression') == f'spmd_check: error: {_NO_JAXLIB}'
 
 
 def test_cli_unknown_model_and_bad_rule():
-  assert _Cli('--model=toy.FFRegresion') == (
+  assert spmd_testlib.RunCli('--model=toy.FFRegresion') == (
       "spmd_check: error: Model 'toy.FFRegresion' is not registered; did you "
       'mean toy.FFRegression?')
-  assert _Cli('--model=toy.FFRegression', '--expect=only:gather') == (
+  assert spmd_testlib.RunCli('--model=toy.FFRegression', '--expect=only:gather') == (
       "spmd_check: error: --expect 'only:gather': unknown collective kind "
       "'gather'; one of all-to-all, all-gather, all-reduce, "
       'collective-permute, reduce-scatter')
-  assert _Cli('--model=toy.FFRegression', '--mesh=2,0') == (
+  assert spmd_testlib.RunCli('--model=toy.FFRegression', '--mesh=2,0') == (
       "spmd_check: error: mesh shape must be positive ints, got '2,0'")
 
 
 def test_cli_failed_expectation_exits_1_naming_the_op(capsys):
-  assert _Cli('--model=toy.FFRegression', '--mesh=2,4',
+  assert spmd_testlib.RunCli('--model=toy.FFRegression', '--mesh=2,4',
               '--expect=no:all-reduce') == 1
   out = capsys.readouterr().out
   assert "FAILED --expect 'no:all-reduce': all-reduce %" in out

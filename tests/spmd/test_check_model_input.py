@@ -4,7 +4,6 @@ corpus is one line naming the prepare command."""
 
 import os
 
-from absl.testing import flagsaver
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -12,7 +11,7 @@ import tensorflow as tf
 from lingshard import model_registry
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
-from lingshard.tools import spmd_check
+from tests.spmd import spmd_testlib
 from tests.data.conftest import fixture_wheel  # noqa: F401
 from tests.data.conftest import prepared_dir  # noqa: F401
 
@@ -57,18 +56,9 @@ def test_tiny_moe_real_batch_has_strings_that_stay_out_of_the_program(
   assert 'batch.lang' not in r.input_shardings
 
 
-def _Cli(*args):
-  with flagsaver.flagsaver():
-    spmd_check.FLAGS.unparse_flags()  # The tool's private flags: reset.
-    spmd_check.FLAGS(['spmd_check', *args])
-    with pytest.raises(SystemExit) as e:
-      spmd_check.main(['spmd_check'])
-  return e.value.code
-
-
 def test_cli_without_corpus_says_how_to_prepare(tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
-  assert _Cli('--model=m4.TinyMoE', '--mesh=8') == (
+  assert spmd_testlib.RunCli('--model=m4.TinyMoE', '--mesh=8') == (
       'spmd_check: error: no corpus file matches data/ui_m4/train.tsv; '
       'prepare the corpus with: python -m lingshard.data.prepare --out '
       'data/ui_m4')
