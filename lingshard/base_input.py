@@ -1,13 +1,79 @@
-"""The error of an input pipeline that cannot produce data.
+"""The input-generator base class and the error of an input pipeline.
 
-Input generators (e.g. `lingshard.data.inputs.MtInput`) raise `InputError`
-(or a subclass such as `lingshard.data.corpus_io.CorpusError`) when data is
-read, never when params are built; the trainer and the tools catch it and
-print its one-line message.
+`BaseInputGenerator` is what the trainer knows about any input: its
+params, `GetDataset()`, the name of the split it reads (`SplitName`), its
+vocabulary files (`VocabFiles`) and its per-language example counts
+(`LanguageCounts`). Subclasses (`lingshard.data.inputs.MtInput`,
+`lingshard.models.regression_model.RegressionInput`) override what they
+have.
+
+Input generators raise `InputError` (or a subclass such as
+`lingshard.data.corpus_io.CorpusError`) when data is read, never when
+params are built; the trainer and the tools catch it and print its one-line
+message.
 """
+
+import numpy as np
+import tensorflow as tf
+
+from lingshard import hyperparams
+from lingshard.nested_map import NestedMap
 
 
 class InputError(ValueError):
   """An input pipeline that cannot produce data: a missing corpus or
   vocabulary, data that yields no batch. The message is one line naming the
   file or param and what to do."""
+
+
+class BaseInputGenerator:
+  """An input generator: `Params()`, `params`, `GetDataset()` and the
+  descriptions below (defaults for inputs without splits, vocabularies or
+  languages)."""
+
+  @classmethod
+  def Params(cls):
+    return hyperparams.InstantiableParams(cls)
+
+  def __init__(self, params):
+    self.params = params.Copy()
+
+  def GetDataset(self):
+    """A tf.data.Dataset of NestedMap batches."""
+    raise NotImplementedError(f'{type(self).__name__}.GetDataset')
+
+  def SplitName(self, dataset):
+    """The name of the split read, for output directory names: here
+    `dataset` ('Train' | 'Dev' | 'Test') in lower case."""
+    return dataset.lower()
+
+  def VocabFiles(self):
+    """(source, target) vocabulary model files, or None without any."""
+    return None
+
+  def LanguageCounts(self):
+    """{language: examples} of the whole input, or None without languages."""
+    return None
+
+
+def NumericBatch(batch):
+  """`batch` (a NestedMap) without its string leaves (e.g. MtInput's
+  `lang`, `src.strs`): compiled steps and XLA programs take numbers only,
+  and losses never read strings. Leaves may be tensors or numpy arrays;
+  every path that feeds a batch to a compiled step filters it here once."""
+
+  def IsString(x):
+    if isinstance(x, tf.Tensor):
+      return x.dtype == tf.string
+    return isinstance(x, (str, bytes)) or (
+        isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind in 'OSU')
+
+  def Keep(x):
+    if isinstance(x, dict):
+      return NestedMap({k: Keep(v) for k, v in x.items()
+                        if not IsString(v)})
+    if isinstance(x, (list, tuple)):
+      return type(x)(Keep(v) for v in x if not IsString(v))
+    return x
+
+  return Keep(batch if isinstance(batch, NestedMap) else NestedMap(batch))

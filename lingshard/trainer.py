@@ -7,9 +7,13 @@ Modes:
   train           train to task.train.max_steps (resumes from the logdir)
   eval            loss / perplexity per language of the latest checkpoint on
                   --eval_dataset (Dev) -> logdir/eval_dev/
-  decode          beam search, BLEU / chrF per language -> logdir/decode_<split>/
+  decode          the task's decoder (BaseTask.CreateDecoder; translation:
+                  beam search, BLEU / chrF per language)
+                  -> logdir/decode_<split>/
   train_and_eval  train, evaluating every task.train.eval_interval_steps
-  export          SavedModel with a `translate` signature -> logdir/export/<step>
+  export          SavedModel of the task's export module
+                  (BaseTask.CreateExportModule; translation: a `translate`
+                  signature) -> logdir/export/<step>
   print_params    print the params text after overrides and exit
 Training runs under --strategy; eval, decode and export on the host's
 default device.
@@ -26,7 +30,6 @@ data are found before anything is written);
 good checkpoint, which is kept).
 """
 
-import importlib
 import os
 import sys
 
@@ -184,14 +187,10 @@ def _Read(var):
 
 
 def _InferenceTask(params):
-  """The task for eval/decode/export: the task module's
-  `InferenceParams(task_params)` when it has one (mt_model's sets MoE eval
-  capacity), else the params with is_inference=True. Theta is shared."""
+  """The task of eval/decode/export: built from the task class's
+  `InferenceParams(task_params)`. Theta is the training task's."""
   task_p = params.task
-  module = importlib.import_module(task_p.cls.__module__)
-  fn = getattr(module, 'InferenceParams', None)
-  task_p = fn(task_p) if fn else task_p.Copy().Set(is_inference=True)
-  return task_p.Instantiate()
+  return task_p.cls.InferenceParams(task_p).Instantiate()
 
 
 def _Evaluator(cfg, dataset):
@@ -262,56 +261,30 @@ def RunEval(cfg, params, printer):
   return hook(step)
 
 
-def VocabFiles(input_params):
-  """(source, target) SentencePiece model files of a translation input
-  (MtInput params `src_vocab` / `tgt_vocab`): the data seam of decode and
-  export."""
-  if 'src_vocab' not in input_params or 'tgt_vocab' not in input_params:
-    raise ConfigError(f'{input_params.cls.__name__} params have no '
-                      'src_vocab / tgt_vocab; decode and export need a '
-                      'translation input')
-  return input_params.src_vocab, input_params.tgt_vocab
-
-
-def SplitName(input_params, dataset):
-  """`dev_unseen_en` for an input reading .../dev_unseen_en.tsv, else
-  the dataset name in lower case."""
-  pattern = (input_params.file_pattern if 'file_pattern' in input_params
-             else None)
-  if isinstance(pattern, str) and '*' not in pattern:
-    return os.path.basename(pattern).split('.')[0] + (
-        '_noph' if '.noph.' in pattern else '')
-  return dataset.lower()
-
-
 def RunDecode(cfg, params, printer):
-  theta, step = _RestoredTheta(params, cfg.logdir)
+  """Decodes --eval_dataset with the task's decoder; prints its report and
+  returns its scores."""
   dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
-  src_file, tgt_file = VocabFiles(dev.input)
-  try:
-    decoder = decode_loop.Decoder(_InferenceTask(dev),
-                                  decode_loop.Detokenizer(tgt_file),
-                                  decode_loop.Detokenizer(src_file))
-  except TypeError as e:
-    raise ConfigError(str(e)) from None
+  task = _InferenceTask(dev)
   input_generator = dev.input.Instantiate()
-  records = decoder.DecodeDataset(
-      theta.Transform(_Read), input_generator.GetDataset(),
+  decoder = task.CreateDecoder(input_generator, params.input.Instantiate())
+  if decoder is None:
+    raise ConfigError(f'--mode=decode: {type(task).__name__} has no decoder '
+                      '(BaseTask.CreateDecoder returns None); use a task that '
+                      'defines one, e.g. a translation model')
+  theta, step = _RestoredTheta(params, cfg.logdir)
+  records = decode_loop.DecodeDataset(
+      decoder, theta.Transform(_Read), input_generator.GetDataset(),
       dev.task.train.eval_num_batches)
-  train_input = params.input.Instantiate()
-  counts_fn = getattr(train_input, 'LanguageCounts', None)
-  high = decode_loop.HighResourceLanguages(counts_fn()) if counts_fn else None
-  scores = decode_loop.ScoreByLanguage(records, high)
-  out_dir = os.path.join(cfg.logdir,
-                         f'decode_{SplitName(dev.input, cfg.eval_dataset)}')
-  decode_loop.WriteOutputs(out_dir, records, scores, step)
-  printer(decode_loop.FormatExamples(records))
-  printer(decode_loop.FormatScores(scores))
-  printer(f'hypotheses and scores written to {out_dir}')
+  out_dir = os.path.join(
+      cfg.logdir, f'decode_{input_generator.SplitName(cfg.eval_dataset)}')
+  scores, report = decoder.Finalize(records, out_dir, step)
+  printer(report)
   return scores
 
 
 def RunExport(cfg, params, printer):
+  """Saves the task's export module for the latest checkpoint."""
   try:  # Refuse a bad --export_dir before restoring and tracing.
     if cfg.export_dir:
       export.CheckExportDir(cfg.export_dir, cfg.export_overwrite, cfg.logdir)
@@ -319,22 +292,16 @@ def RunExport(cfg, params, printer):
     raise ConfigError(str(e)) from None
   theta, step = _RestoredTheta(params, cfg.logdir)
   task = _InferenceTask(params)
-  if not callable(getattr(task, 'Decode', None)):
-    raise ConfigError(f'{type(task).__name__} has no Decode(); export needs '
-                      'a translation task')
-  src_file, tgt_file = VocabFiles(params.input)
+  module = task.CreateExportModule(theta, params.input.Instantiate())
+  if module is None:
+    raise ConfigError(f'--mode=export: {type(task).__name__} has no export '
+                      'module (BaseTask.CreateExportModule returns None); use '
+                      'a task that defines one, e.g. a translation model')
   out = cfg.export_dir or export.DefaultExportDir(cfg.logdir, step)
-  p = params.input
-  kwargs = {}
-  if 'bucket_upper_bounds' in p:
-    kwargs['max_source_length'] = p.bucket_upper_bounds[-1]
-  if 'direction' in p:
-    kwargs['source_tag'] = p.direction == 'en2xx'
   try:
     out = export.Export(
-        task, theta, src_file, tgt_file, out,
-        overwrite=cfg.export_overwrite, logdir=cfg.logdir,
-        metadata={'model': cfg.model, 'step': int(step)}, **kwargs)
+        module, out, overwrite=cfg.export_overwrite, logdir=cfg.logdir,
+        metadata={'model': cfg.model, 'step': int(step)})
   except export.ExportDirError as e:
     raise ConfigError(str(e)) from None
   printer(f'exported step {step} to {out}')

@@ -128,11 +128,12 @@ def _MpmdStep(d, s, m, h):
       dispatched, combines, aux = [], [], []
       for x_d in xs:                     # gating + dispatch on device d
         logits = tf.einsum('sm,me->se', x_d, wg)[tf.newaxis]
-        routing = gating.Top2Gating(logits, tf.ones([1, s]), c, 'all')
+        routing, aux_loss, _ = gating.Top2Gating(logits, tf.ones([1, s]), c,
+                                                 'all')
         combines.append(moe_dispatch.CombineWeightsGSEC(routing, e, c)[0])
         mask = moe_dispatch.DispatchMaskGSEC(routing, e, c)[0]
         dispatched.append(tf.einsum('sec,sm->ecm', mask, x_d))
-        aux.append(routing.aux_loss)
+        aux.append(aux_loss)
       expert_out = []
       for k in range(e):                 # expert k on device k
         x_k = tf.stack([dispatched[j][k] for j in range(d)])  # [D, C, M]

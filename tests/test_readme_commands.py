@@ -30,7 +30,7 @@ from lingshard import model_registry
 from lingshard import trainer
 from lingshard.data import corpus_io
 from lingshard.data import wheels
-from lingshard.train import decode_loop
+from lingshard.models import mt_decoder
 from lingshard.tools import count_params
 from tests import readme_testlib as lib
 
@@ -135,7 +135,7 @@ def _CheckDecode(r):
   assert {row.split()[0]: int(row.split()[1]) for row in rows[1:]
           if not row.startswith('[')} == dev
   with open(r.Path(out_dir, 'scores.json'), encoding='utf-8') as f:
-    assert decode_loop.FormatScores(json.load(f)) == table
+    assert mt_decoder.FormatScores(json.load(f)) == table
 
 
 def _CheckExport(r):

@@ -20,8 +20,8 @@ encoder to recognise, as in M4's many-to-one models. 'en2xx' reads target
 -> source and puts the `<2xx>` tag (a symbol of spm_en.model) first in the
 source, telling the decoder which language to produce.
 
-Training (is_eval=False): each host keeps every num_hosts-th example of
-each language, shuffles within language from a seed, repeats, and draws
+Training (is_inference=False): each host keeps every num_hosts-th example
+of each language, shuffles within language from a seed, repeats, and draws
 languages with temperature sampling p_l ~ (n_l/N)^(1/T) (N over the whole
 corpus, so all hosts agree). Examples longer than the largest bucket are
 dropped; the rest are padded to the smallest bucket bound that fits and
@@ -34,7 +34,7 @@ stream would otherwise never yield a batch).
 Missing data (corpus or vocabulary files) raises corpus_io.CorpusError
 when data is first read (Rows, GetDataset), never at construction.
 
-Eval (is_eval=True): file order, one pass, no sampling or shuffling;
+Eval (is_inference=True): file order, one pass, no sampling or shuffling;
 sequences longer than the largest bucket are truncated (never dropped, so
 scores cover every example); batches of eval_batch_size (the last may be
 smaller) padded to the smallest bucket bound that fits.
@@ -50,7 +50,6 @@ import tensorflow as tf
 import tensorflow_text as tf_text
 
 from lingshard import base_input
-from lingshard import hyperparams
 from lingshard.data import corpus_io
 from lingshard.data import sampling
 from lingshard.data import vocab
@@ -75,13 +74,13 @@ def _ReadModel(path, what):
     return f.read()
 
 
-class MtInput:
+class MtInput(base_input.BaseInputGenerator):
   """Translation batches from a prepared TSV corpus; see the module doc."""
 
   @classmethod
   def Params(cls):
     """Default params; set file_pattern, src_vocab and tgt_vocab at least."""
-    p = hyperparams.InstantiableParams(cls)
+    p = super().Params()
     p.Define('name', 'mt_input', 'Name of this input generator.')
     p.Define('file_pattern', None,
              'TSV file (lang<TAB>source<TAB>target), or a glob of several '
@@ -107,7 +106,7 @@ class MtInput:
     p.Define('seed', 1234, 'Seed of shuffling and sampling.')
     p.Define('num_hosts', 1, 'Number of input hosts (workers).')
     p.Define('host_index', 0, 'Index of this host in [0, num_hosts).')
-    p.Define('is_eval', False, 'Eval reader: file order, one pass, no '
+    p.Define('is_inference', False, 'Eval reader: file order, one pass, no '
              'sampling; long sequences truncated instead of dropped.')
     p.Define('eval_batch_size', None,
              'Eval batch size; None = the last bucket_batch_limits entry.')
@@ -119,8 +118,8 @@ class MtInput:
     """Params reading `split` of a prepare.py output directory.
 
     Fills file_pattern, both vocabularies for `direction` (the shared
-    model on both sides if `shared_vocab`) and is_eval (True for any split
-    but 'train').
+    model on both sides if `shared_vocab`) and is_inference (True for any
+    split but 'train').
     """
     p = cls.Params()
     vocab_dir = os.path.join(data_dir, vocab.VOCAB_DIR)
@@ -133,11 +132,12 @@ class MtInput:
       en = os.path.join(vocab_dir, vocab.EN_MODEL)
       p.src_vocab, p.tgt_vocab = ((multi, en) if direction == 'xx2en' else
                                   (en, multi))
-    p.is_eval = split != 'train'
+    p.is_inference = split != 'train'
     return p
 
   def __init__(self, params):
-    p = params.Copy()
+    super().__init__(params)
+    p = self.params
     if p.direction not in DIRECTIONS:
       raise ValueError(f'direction must be one of {DIRECTIONS}, got '
                        f'{p.direction!r}')
@@ -151,7 +151,6 @@ class MtInput:
     if not 0 <= p.host_index < p.num_hosts:
       raise ValueError(f'host_index {p.host_index} not in [0, '
                        f'{p.num_hosts})')
-    self.params = p
     self._rows = None
     self._vocabs = None
     self._too_long = None
@@ -208,6 +207,20 @@ class MtInput:
               f'no rows of languages {sorted(keep)} in {p.file_pattern}')
       self._rows = rows
     return self._rows
+
+  def SplitName(self, dataset):
+    """`dev_unseen_en` for a file_pattern .../dev_unseen_en.tsv
+    (`dev_unseen_en_noph` for .../dev_unseen_en.noph.tsv); for a glob,
+    `dataset` in lower case."""
+    pattern = self.params.file_pattern
+    if isinstance(pattern, str) and '*' not in pattern:
+      return os.path.basename(pattern).split('.')[0] + (
+          '_noph' if '.noph.' in pattern else '')
+    return dataset.lower()
+
+  def VocabFiles(self):
+    """(src_vocab, tgt_vocab): the SentencePiece model files."""
+    return self.params.src_vocab, self.params.tgt_vocab
 
   def LanguageCounts(self):
     """{lang: rows in the whole corpus (all hosts)}, languages sorted."""
@@ -368,7 +381,7 @@ class MtInput:
         tgt=NestedMap(ids=tgt_ids, labels=Pad(ex['tgt_labels']),
                       paddings=tgt_paddings, weights=1.0 - tgt_paddings),
         lang=ex['lang'])
-    if self.params.is_eval:
+    if self.params.is_inference:
       batch.src.strs = ex['src_strs']
       batch.tgt.strs = ex['tgt_strs']
     return batch
@@ -413,7 +426,7 @@ class MtInput:
   def GetDataset(self):
     """The tf.data.Dataset of NestedMap batches (see the module doc)."""
     p = self.params
-    if p.is_eval:
+    if p.is_inference:
       rows = self._HostShard(self.Rows())
       if not rows:
         raise corpus_io.CorpusError(
@@ -425,5 +438,5 @@ class MtInput:
       ds = self.SampledExamples()
     ds = ds.map(self._Featurize, num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True)
-    ds = self._EvalBatches(ds) if p.is_eval else self._TrainBatches(ds)
+    ds = self._EvalBatches(ds) if p.is_inference else self._TrainBatches(ds)
     return ds.prefetch(tf.data.AUTOTUNE)

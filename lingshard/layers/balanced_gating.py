@@ -23,6 +23,7 @@ import tensorflow as tf
 
 from lingshard.layers import base_layer
 from lingshard.layers import moe
+from lingshard.layers import routing
 from lingshard.layers import routing_metrics
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
@@ -62,25 +63,6 @@ def MaskedGates(gates_gse, mask_gse):
   return tf.math.divide_no_nan(g, tf.reduce_sum(g, axis=-1, keepdims=True))
 
 
-def ExpertChoiceRouting(mask_gse, weight_gse, capacity):
-  """Token-choice routing with choice k = expert k (K = E).
-
-  Slots fill in token order per (group, expert); dispatched iff pos < C.
-  """
-  mask_i = tf.cast(mask_gse, tf.int32)
-  position_gse = tf.math.cumsum(mask_i, axis=1, exclusive=True)
-  dispatched_gse = mask_gse & (position_gse < capacity)
-  num_experts = mask_gse.shape[-1]
-  expert_gse = tf.broadcast_to(tf.range(num_experts, dtype=tf.int32),
-                               tf.shape(mask_i))
-  return NestedMap(expert_gsk=expert_gse, gate_gsk=weight_gse,
-                   wanted_gsk=mask_gse, position_gsk=position_gse,
-                   dispatched_gsk=dispatched_gse,
-                   weight_gsk=weight_gse * tf.cast(dispatched_gse,
-                                                   tf.float32),
-                   choice_is_expert=True)
-
-
 class BalancedMoELayer(moe.MoEBase):
   """MoE with strictly balanced (batchwise) gating, App. F.
 
@@ -96,8 +78,10 @@ class BalancedMoELayer(moe.MoEBase):
     p = super().Params()
     p.Define('num_experts_per_token', 2, 'k: each expert keeps m = k|X|/n '
              'tokens per group.')
-    p.Define('w_batchwise', 1.0, 'Scale of L_batchwise / |X|.')
-    p.Define('w_importance', 0.0, 'Optional importance loss (eq. 7).')
+    p.Define('w_batchwise', 1.0, 'Scale of L_batchwise / |X| (App. F '
+             'gives no weight: 1.0 adds the loss as written).')
+    p.Define('w_importance', 0.0, 'Optional importance loss (eq. 7; App. F '
+             'uses none).')
     p.weight_split_dims_mapping.Define('wg', None, 'Mapping of Wg [M, E].')
     p.weight_split_dims_mapping.Define('thresholds', None,
                                        'Mapping of T [E].')
@@ -125,13 +109,11 @@ class BalancedMoELayer(moe.MoEBase):
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
     del token_gs, step  # Deterministic.
     p = self.params
-    gates_gse = tf.nn.softmax(tf.einsum(
-        'gsm,me->gse', tf.cast(x_gsm, tf.float32),
-        tf.cast(theta.wg, tf.float32)), axis=-1)
+    gates_gse = tf.nn.softmax(routing.GatingLogits(x_gsm, theta.wg), axis=-1)
     thresholds = tf.cast(theta.thresholds, tf.float32)
     real = tf.cast(nonpad_gs, tf.bool)[..., tf.newaxis]
-    extra = NestedMap()
-    if self.do_eval:
+    stats = NestedMap()
+    if p.is_inference:
       mask_gse = real & ThresholdMask(gates_gse, thresholds)
       aux_loss = tf.constant(0.0)
     else:
@@ -141,17 +123,18 @@ class BalancedMoELayer(moe.MoEBase):
                            mask_gse, nonpad_gs)
       n = tf.maximum(tf.reduce_sum(nonpad_gs), 1.0)
       aux_loss = p.w_batchwise * loss / n
-      extra.batchwise_loss = loss / n
+      stats.batchwise_loss = loss / n
       thr_mask = real & ThresholdMask(gates_gse, thresholds)
       agree = tf.cast(tf.equal(thr_mask, mask_gse), tf.float32)
-      extra.threshold_agreement = tf.reduce_sum(
+      stats.threshold_agreement = tf.reduce_sum(
           agree * nonpad_gs[..., tf.newaxis]) / (n * p.num_experts)
     weight_gse = MaskedGates(gates_gse, mask_gse)
-    routing = ExpertChoiceRouting(mask_gse, weight_gse, capacity)
+    out_routing = routing.MaskRouting(mask_gse, weight_gse, nonpad_gs,
+                                      capacity)
     importance_e = tf.reduce_sum(weight_gse * nonpad_gs[..., tf.newaxis],
                                  axis=[0, 1])
     importance_loss = p.w_importance * routing_metrics.CVSquared(importance_e)
-    extra.importance_loss = importance_loss
-    extra.importance_e = importance_e
-    extra.load_e = tf.reduce_sum(tf.cast(mask_gse, tf.float32), axis=[0, 1])
-    return routing, aux_loss + importance_loss, extra
+    stats.importance_loss = importance_loss
+    stats.importance_e = importance_e
+    stats.load_e = tf.reduce_sum(tf.cast(mask_gse, tf.float32), axis=[0, 1])
+    return out_routing, aux_loss + importance_loss, stats

@@ -142,10 +142,6 @@ class BaseLayer(tf.Module):
     return self._params.fprop_dtype
 
   @property
-  def do_eval(self):
-    return bool(self._params.is_inference)
-
-  @property
   def layer_seed(self):
     """A seed unique to this layer: (random_seed, path)."""
     return StableSeed(self._params.random_seed, self.path)
@@ -264,11 +260,12 @@ class BaseLayer(tf.Module):
     """[(name, layer | [layers] | {key: layer})] in name order."""
     return sorted(self._children.items())
 
-  def _AllLayers(self):
+  def AllLayers(self):
+    """This layer and every descendant, depth first (children by name)."""
     yield self
     for _, c in self._ChildItems():
       for layer in _Layers(c):
-        yield from layer._AllLayers()
+        yield from layer.AllLayers()
 
   @property
   def children(self):
@@ -297,7 +294,7 @@ class BaseLayer(tf.Module):
       raise RuntimeError('variables are created after __init__; do not ask '
                          'for theta inside __init__')
     with tf.init_scope():
-      for layer in root._AllLayers():
+      for layer in root.AllLayers():
         if layer._vars is None:
           layer._CreateOwnVariables()
 

@@ -37,7 +37,7 @@ class DropoutLayer(base_layer.BaseLayer):
   @property
   def active(self):
     """Whether FProp changes its input (p > 0 and not inference)."""
-    return self.params.dropout_prob > 0.0 and not self.do_eval
+    return self.params.dropout_prob > 0.0 and not self.params.is_inference
 
   def FProp(self, theta, inputs, step=None):
     """inputs: any shape; step: int scalar (None = 0) varying the mask."""

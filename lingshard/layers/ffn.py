@@ -5,11 +5,22 @@
 shape). Only the FFN itself: the Transformer layer adds layer norm,
 residual and residual dropout. Weights replicated, activations batch split
 (GShard Figure 3(c)).
+
+The FFN contract (shared with every MoE layer, moe.MoEBase):
+
+    y, aux = ffn.FProp(theta, x, paddings, step=None, token_offset=0)
+
+x [B, T, M], paddings [B, T] float (1.0 = pad); y [B, T, M]. `aux` is the
+layer's contribution to the task: NestedMap(aux_loss=float32 scalar,
+already weighted, metrics=NestedMap of float32 scalars/vectors), or an
+empty NestedMap when the layer adds nothing (this dense FFN). The task
+adds every layer's aux_loss to its loss as is.
 """
 
 from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import linear
+from lingshard.nested_map import NestedMap
 
 
 class FeedForward(base_layer.BaseLayer):
@@ -50,8 +61,12 @@ class FeedForward(base_layer.BaseLayer):
     self.CreateChild('dropout', dropout.DropoutLayer.Params().Set(
         dropout_prob=p.activation_dropout_prob))
 
-  def FProp(self, theta, inputs, step=None):
-    """inputs [B, T, M] -> [B, T, M]; `step` keys the dropout mask."""
+  def FProp(self, theta, inputs, paddings=None, step=None, token_offset=0):
+    """inputs [B, T, M] -> ([B, T, M], empty aux); `step` keys the dropout.
+
+    paddings and token_offset are unused (the FFN contract's arguments).
+    """
+    del paddings, token_offset
     h_bth = self.fc_in.FProp(theta.fc_in, inputs)
     h_bth = self.dropout.FProp(theta.dropout, h_bth, step=step)
-    return self.fc_out.FProp(theta.fc_out, h_bth)
+    return self.fc_out.FProp(theta.fc_out, h_bth), NestedMap()

@@ -1,9 +1,9 @@
 """GShard top-2 gating (Lepikhin et al. 2020, §2.2 and Algorithm 1).
 
 Vectorized over groups: `Top2Gating` takes float32 gating logits
-`[G, S, E]` (einsum `GSM,ME->GSE` of the layer) and returns a routing
-(see moe_dispatch) plus the group auxiliary loss. Equivalent, token by token,
-to Algorithm 1 run on each group:
+`[G, S, E]` (einsum `GSM,ME->GSE`, routing.GatingLogits) and returns a
+`routing.Routing`, the group auxiliary loss and its statistics. Equivalent,
+token by token, to Algorithm 1 run on each group:
 
   (2)  gates g[s, :] = softmax(logits[s, :])
   (5)  g1, e1, g2, e2 = top_2(g[s, :]);  (6) g1 /= g1 + g2;  (16) g2 /= g1 + g2
@@ -26,14 +26,15 @@ Deliberate conventions (documented because peers differ silently):
 - Aux scale: aux = E^2 * mean_e (c_e/S) m_e = E * sum_e f_e m_e per group,
   averaged over groups that contain at least one real token. Perfectly
   uniform routing (f_e = m_e = 1/E) gives exactly 1.0; a gate collapsed on
-  one expert gives up to E. The model adds k * aux.
+  one expert gives up to E. The layer (moe.MoELayer) multiplies it by k,
+  its `aux_loss_weight`.
 """
 
 import math
 
 import tensorflow as tf
 
-from lingshard.layers import moe_dispatch
+from lingshard.layers import routing
 from lingshard.nested_map import NestedMap
 
 SECOND_EXPERT_POLICIES = ('all', 'random', 'sampling')
@@ -146,32 +147,17 @@ def Top2Gating(logits_gse, nonpad_gs, capacity, second_expert_policy='all',
       docstring).
 
   Returns:
-    NestedMap: gates_gse, expert_gsk, gate_gsk (normalised g1, g2),
-    wanted_gsk, position_gsk, dispatched_gsk, weight_gsk (combine weight),
-    accept_gs (second choice passed the policy), aux_loss, f_ge, m_ge.
+    (routing.Routing, aux (line 13, unweighted, E^2-scaled),
+    NestedMap(gates_gse, f_ge, m_ge) of GroupAuxLoss).
   """
   gates_gse, expert_gsk, gate_gsk, accept_gs = Top2Choices(
       logits_gse, second_expert_policy, uniform_gs, gumbel_gse)
   nonpad_gs = tf.cast(nonpad_gs, tf.float32)
   num_experts = gates_gse.shape[-1]
-  nonpad_b = nonpad_gs > 0
-  wanted_gsk = tf.stack([nonpad_b, nonpad_b & accept_gs], axis=-1)
-  if rejected_second_takes_slot:
-    occupy_gsk = tf.stack([nonpad_b, nonpad_b], axis=-1)       # line 22
-  else:
-    occupy_gsk = wanted_gsk
-  position_gsk = moe_dispatch.RankMajorPositions(expert_gsk, occupy_gsk,
-                                                 num_experts)
-  dispatched_gsk = wanted_gsk & (position_gsk < capacity)      # lines 8, 19
-  weight_gsk = gate_gsk * tf.cast(dispatched_gsk, tf.float32)
-  if renormalize_after_drop:
-    total = tf.reduce_sum(weight_gsk, axis=-1, keepdims=True)
-    weight_gsk = tf.math.divide_no_nan(weight_gsk, total)
-
+  out = routing.TokenChoiceRouting(
+      expert_gsk, gate_gsk, nonpad_gs, capacity, num_experts,
+      accept_gs=accept_gs, rejected_takes_slot=rejected_second_takes_slot,
+      renormalize_after_drop=renormalize_after_drop)
   aux, f_ge, m_ge = GroupAuxLoss(  # Line 13.
       gates_gse, expert_gsk[..., 0], nonpad_gs)
-  return NestedMap(gates_gse=gates_gse, expert_gsk=expert_gsk,
-                   gate_gsk=gate_gsk, wanted_gsk=wanted_gsk,
-                   position_gsk=position_gsk, dispatched_gsk=dispatched_gsk,
-                   weight_gsk=weight_gsk, accept_gs=accept_gs & nonpad_b,
-                   aux_loss=aux, f_ge=f_ge, m_ge=m_ge)
+  return out, aux, NestedMap(gates_gse=gates_gse, f_ge=f_ge, m_ge=m_ge)

@@ -21,9 +21,13 @@ with X^(i) the tokens whose G_primary(x)_i > 0.
   w_importance * CV(Importance_H)^2 + w_load * CV(Load_H)^2.
 - 'top2': both levels are GShard top-2 gates (softmax, top-2, normalised by
   g1 + g2; policy 'all'); Load is the number of tokens choosing each expert
-  (so Load_H_ij = Load_i(X^(i))_j); aux_loss = the GShard aux of the
-  primary gate + the mean over (group g, expert group i) of the GShard aux
-  of gate i over X^(i) (each E^2-scaled: 1.0 when uniform, so 2.0 total).
+  (so Load_H_ij = Load_i(X^(i))_j); aux_loss = aux_loss_weight * (the
+  GShard aux of the primary gate + the mean over (group g, expert group i)
+  of the GShard aux of gate i over X^(i)) (each E^2-scaled: 1.0 when
+  uniform, so 2.0 before the weight).
+
+aux_loss is weighted here (w_importance, w_load, aux_loss_weight): the task
+adds it as is.
 """
 
 import tensorflow as tf
@@ -32,6 +36,7 @@ from lingshard.layers import base_layer
 from lingshard.layers import gating
 from lingshard.layers import moe
 from lingshard.layers import noisy_gating
+from lingshard.layers import routing
 from lingshard.layers import routing_metrics
 from lingshard.layers import routing_rng
 from lingshard.nested_map import NestedMap
@@ -81,6 +86,8 @@ class HierarchicalMoELayer(moe.MoEBase):
     p.Define('noise_epsilon', 0.0, 'Added to the noise stddev.')
     p.Define('w_importance', 0.1, 'w_importance (eq. 7) of Importance_H.')
     p.Define('w_load', 0.1, 'w_load (eq. 11) of Load_H.')
+    p.Define('aux_loss_weight', 0.01, "gating_kind 'top2': k of GShard §2.2 "
+             "(L = nll + k * aux); as moe.MoELayer's.")
     for name, doc in (('wg_primary', '[M, a]'), ('wg_secondary', '[a, M, b]'),
                       ('w_noise_primary', '[M, a]'),
                       ('w_noise_secondary', '[a, M, b]')):
@@ -131,7 +138,7 @@ class HierarchicalMoELayer(moe.MoEBase):
     a, b = self._a, self._b
     k1, k2 = self._Ks()
     x = tf.cast(x_gsm, tf.float32)
-    clean_p = tf.einsum('gsm,ma->gsa', x, _F32(theta.wg_primary))
+    clean_p = routing.GatingLogits(x, theta.wg_primary)  # [G, S, a]
     clean_s = tf.einsum('gsm,amb->gsab', x, _F32(theta.wg_secondary))
     out = NestedMap()
     if p.gating_kind == 'top2':
@@ -143,7 +150,7 @@ class HierarchicalMoELayer(moe.MoEBase):
       prob_p = tf.cast(out.gates_p_gsa > 0, tf.float32)
       prob_s = tf.cast(out.gates_s_gsab > 0, tf.float32)
     else:
-      noisy = p.noisy_gating and not self.do_eval
+      noisy = p.noisy_gating and not p.is_inference
       std_p = normal_p = std_s = normal_s = None
       if noisy:
         std_p = tf.nn.softplus(tf.einsum(
@@ -186,8 +193,8 @@ class HierarchicalMoELayer(moe.MoEBase):
       nonpad_is = tf.reshape(tf.transpose(
           selected_gsa * nonpad_gs[..., tf.newaxis], [0, 2, 1]), [-1, s])
       aux_s, _, _ = gating.GroupAuxLoss(gates_s_ias, first_s, nonpad_is)
-      out.aux_loss = aux_p + aux_s
-    elif p.noisy_gating and not self.do_eval:
+      out.aux_loss = p.aux_loss_weight * (aux_p + aux_s)
+    elif p.noisy_gating and not p.is_inference:
       out.aux_loss = out.importance_loss + out.load_loss
     else:
       out.aux_loss = out.importance_loss
@@ -207,12 +214,11 @@ class HierarchicalMoELayer(moe.MoEBase):
                         tf.cast(onehot_gsa, tf.float32))
       experts.append(i_gs[..., tf.newaxis] * self._b + j_gsk)
       gates.append(out.gate_p[..., r:r + 1] * g_gsk)    # Eq. (12).
-    choices = NestedMap(expert_xk=tf.concat(experts, axis=-1),
-                        gate_xk=tf.concat(gates, axis=-1))
-    routing = noisy_gating.NoisyRouting(choices, nonpad_gs, capacity,
-                                        p.num_experts)
-    extra = NestedMap(importance_e=tf.reshape(out.importance_ab, [-1]),
+    out_routing = routing.TokenChoiceRouting(
+        tf.concat(experts, axis=-1), tf.concat(gates, axis=-1), nonpad_gs,
+        capacity, p.num_experts)
+    stats = NestedMap(importance_e=tf.reshape(out.importance_ab, [-1]),
                       load_e=tf.reshape(out.load_ab, [-1]),
                       importance_loss=out.importance_loss,
                       load_loss=out.load_loss)
-    return routing, out.aux_loss, extra
+    return out_routing, out.aux_loss, stats

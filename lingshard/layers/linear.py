@@ -59,7 +59,7 @@ class LinearLayer(base_layer.BaseLayer):
     x = tf.cast(inputs, self.fprop_dtype)
     # Named letters, not '...': TF's einsum gradient for an ellipsis only
     # one operand has materialises w's gradient per token ([..., M, H])
-    # before summing; measured 20x slower training steps on CPU.
+    # before summing (tests/layers/test_linear.py checks the HLO).
     lead = _LEAD_LETTERS[:x.shape.rank - 1]
     y = tf.einsum(f'{lead}m,mh->{lead}h', x,
                   tf.cast(theta.w, self.fprop_dtype))

@@ -3,7 +3,8 @@
 `MoELayer` is GShard's position-wise MoE FFN (Lepikhin et al. 2020, §2.2,
 Algorithm 1 gating, Algorithm 2 dispatch; no residual or layer norm: the
 Transformer layer adds those). Every MoE-family layer (noisy top-k,
-hierarchical, strictly balanced) subclasses `MoEBase` and keeps the same call:
+hierarchical, strictly balanced) subclasses `MoEBase` and keeps the FFN
+contract of ffn.py (the dense FFN's too):
 
     outputs, aux = layer.FProp(theta, inputs, paddings, step=None,
                                token_offset=0)
@@ -11,9 +12,13 @@ hierarchical, strictly balanced) subclasses `MoEBase` and keeps the same call:
 - inputs [B, T, M] (any float dtype; computed in fprop_dtype), paddings
   [B, T] float (1.0 = pad). Returns outputs [B, T, M] (padding rows are 0)
   and aux = NestedMap(aux_loss=float32 scalar, metrics=NestedMap of float32
-  scalars/vectors; see routing_metrics). aux_loss is scaled per the layer's
-  documented convention (GShard: uniform routing = 1.0) and NOT multiplied by
-  the model's coefficient k.
+  scalars/vectors; see routing_metrics). aux_loss is already weighted by the
+  layer's own coefficients (MoELayer: aux_loss_weight; noisy/hierarchical:
+  w_importance, w_load; balanced: w_batchwise, w_importance): the task adds
+  it to its loss as is.
+- A gate (`Route`) returns (routing.Routing, weighted aux_loss, stats):
+  stats is a NestedMap of float32 tensors; its optional `importance_e` /
+  `load_e` [E] feed routing_metrics, the rest become metrics as named.
 - The B*T tokens, row-major, are cut into G groups of S tokens (`num_groups`
   or `group_size`); capacity is per (expert, group).
 - `step` (None = 0) and `token_offset` (global index of the first token of
@@ -37,6 +42,7 @@ from lingshard.layers import base_layer
 from lingshard.layers import gating
 from lingshard.layers import linear
 from lingshard.layers import moe_dispatch
+from lingshard.layers import routing
 from lingshard.layers import routing_metrics
 from lingshard.layers import routing_rng
 from lingshard.nested_map import NestedMap
@@ -49,7 +55,7 @@ class MoEBase(base_layer.BaseLayer):
   """Grouping, expert FFN, dispatch/combine and the FProp contract.
 
   Subclasses implement `Route(theta, x_gsm, nonpad_gs, token_gs, step,
-  capacity) -> (routing, aux_loss, metrics_extra)` and `_TopK()`; see
+  capacity) -> (routing.Routing, aux_loss, stats)` and `_TopK()`; see
   `MoELayer`. REPLICATED_WEIGHTS: {gating weight name: rank}.
   """
 
@@ -67,11 +73,12 @@ class MoEBase(base_layer.BaseLayer):
              'num_groups).')
     p.Define('capacity_factor', 1.0, 'Training capacity factor cf: C = '
              'ceil(cf * k * S / E); None = dropless (C = S).')
-    p.Define('eval_capacity_factor', 2.0, 'Capacity factor at inference; '
-             'None = dropless.')
+    p.Define('eval_capacity_factor', 2.0, 'Capacity factor at inference '
+             '(GShard gives no value); None = dropless.')
     p.Define('expert_capacity', None, 'Explicit C; overrides both factors.')
     p.Define('dispatch_impl', 'gather', 'einsum (GShard Algorithm 2) | '
-             'gather (index-based, same numerics, faster on CPU).')
+             'gather (index-based, same numerics, no [G, S, E, C] one-hot '
+             'tensors).')
     p.Define('activation', 'relu', 'Expert hidden activation.')
     p.Define('use_bias', False, 'Expert biases bi [E, H], bo [E, M].')
     p.Define('dropout_rate', 0.0, 'Dropout on expert hidden activations '
@@ -169,7 +176,7 @@ class MoEBase(base_layer.BaseLayer):
     for every token in every expert (Shazeer et al. never drop).
     """
     p = self.params
-    cf = p.eval_capacity_factor if self.do_eval else p.capacity_factor
+    cf = p.eval_capacity_factor if p.is_inference else p.capacity_factor
     if cf is None and p.expert_capacity is None:
       return group_size
     return gating.ExpertCapacity(group_size, p.num_experts, cf,
@@ -191,7 +198,7 @@ class MoEBase(base_layer.BaseLayer):
       if p.use_bias:
         h += tf.cast(theta.bi, dtype)[:, tf.newaxis, tf.newaxis, :]
       h = self._act(h)
-      if p.dropout_rate > 0.0 and not self.do_eval:
+      if p.dropout_rate > 0.0 and not p.is_inference:
         seed = tf.stack([tf.constant(self.layer_seed, tf.int64),
                          tf.cast(0 if step is None else step, tf.int64)])
         keep = tf.random.stateless_uniform(tf.shape(h), seed) >= p.dropout_rate
@@ -216,7 +223,7 @@ class MoEBase(base_layer.BaseLayer):
 
     return Fn
 
-  def _Manual(self, num_groups):
+  def ManualSpec(self, num_groups):
     """Manual-partitioning spec of the gather dispatch, or None."""
     p = self.params
     mapping = p.activation_split_dims_mapping.gsm
@@ -261,7 +268,7 @@ class MoEBase(base_layer.BaseLayer):
 
   def ComputeRouting(self, theta, inputs, paddings, step=None,
                      token_offset=0):
-    """(routing, aux_loss, extra) of FProp's inputs, [G, S, ...] tensors."""
+    """(routing, aux_loss, stats) of FProp's inputs, [G, S, ...] tensors."""
     x_gsm, nonpad_gs, token_gs, _ = self._Grouped(inputs, paddings,
                                                   token_offset)
     return self.Route(theta, x_gsm, nonpad_gs, token_gs, step,
@@ -274,28 +281,29 @@ class MoEBase(base_layer.BaseLayer):
                                                           token_offset)
     g, s = x_gsm.shape[0], x_gsm.shape[1]
     capacity = self.Capacity(s)
-    routing, aux_loss, extra = self.Route(theta, x_gsm, nonpad_gs, token_gs,
-                                          step, capacity)
+    gate_out, aux_loss, stats = self.Route(theta, x_gsm, nonpad_gs,
+                                           token_gs, step, capacity)
     expert_fn = self.ExpertFn(theta, step)
     shard = self.ShardActivation
     if p.dispatch_impl == 'einsum':
-      out_gsm = moe_dispatch.EinsumMoE(x_gsm, routing, expert_fn,
+      out_gsm = moe_dispatch.EinsumMoE(x_gsm, gate_out, expert_fn,
                                        p.num_experts, capacity, shard)
     else:
-      out_gsm = moe_dispatch.GatherMoE(x_gsm, routing, expert_fn,
+      out_gsm = moe_dispatch.GatherMoE(x_gsm, gate_out, expert_fn,
                                        p.num_experts, capacity, shard,
-                                       self._Manual(g))
+                                       self.ManualSpec(g))
     if p.output_activation != 'none':
       out_gsm = self._out_act(out_gsm) * tf.cast(nonpad_gs, out_gsm.dtype)[
           ..., tf.newaxis]
+    stats = stats.copy()
     metrics = routing_metrics.RoutingMetrics(
-        routing, nonpad_gs, p.num_experts,
-        importance_e=extra.pop('importance_e', None),
-        load_e=extra.pop('load_e', None),
+        gate_out, nonpad_gs, p.num_experts,
+        importance_e=stats.pop('importance_e', None),
+        load_e=stats.pop('load_e', None),
         num_position_buckets=p.num_position_buckets)
     metrics.aux_loss = aux_loss
     metrics.capacity = tf.constant(float(capacity))
-    for key, value in extra.items():
+    for key, value in stats.items():
       metrics[key] = tf.cast(value, tf.float32)
     outputs = tf.reshape(out_gsm, [b, t, m])
     return outputs, NestedMap(aux_loss=aux_loss, metrics=metrics)
@@ -304,8 +312,9 @@ class MoEBase(base_layer.BaseLayer):
 class MoELayer(MoEBase):
   """GShard top-2 MoE FFN (§2.2, Algorithm 1 gating; see gating.py).
 
-  aux.aux_loss = E^2 * mean_e (c_e/S) m_e averaged over groups: 1.0 for
-  perfectly uniform routing (gating.py); the model adds k * aux_loss.
+  aux.aux_loss = k * aux with k = `aux_loss_weight` and aux = E^2 * mean_e
+  (c_e/S) m_e averaged over groups (1.0 for perfectly uniform routing;
+  gating.py); metrics.group_aux is aux before the weight.
   """
 
   REPLICATED_WEIGHTS = {'wg': 2}
@@ -320,6 +329,9 @@ class MoELayer(MoEBase):
     p.Define('rejected_second_takes_slot', True, 'Algorithm 1 line 22 as '
              'written: a second choice rejected by the random policy still '
              'advances the expert counter.')
+    # GShard §2.2 writes L = nll + k * aux without a value for k; 0.01 is
+    # the M4 configs' value (lingshard/params/m4.py).
+    p.Define('aux_loss_weight', 0.01, 'k of GShard §2.2: aux_loss = k * aux.')
     p.weight_split_dims_mapping.Define('wg', None, 'Mapping of wg [M, E] '
                                        '(replicated).')
     return p
@@ -337,8 +349,7 @@ class MoELayer(MoEBase):
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
     """Gates in float32 (einsum `GSM,ME->GSE`), then Top2Gating."""
     p = self.params
-    logits_gse = tf.einsum('gsm,me->gse', tf.cast(x_gsm, tf.float32),
-                           tf.cast(theta.wg, tf.float32))
+    logits_gse = routing.GatingLogits(x_gsm, theta.wg)
     uniform_gs = gumbel_gse = None
     if p.second_expert_policy == 'random':
       uniform_gs = routing_rng.TokenUniform(
@@ -347,9 +358,9 @@ class MoELayer(MoEBase):
       gumbel_gse = routing_rng.TokenGumbel(
           self.layer_seed, routing_rng.STREAM_GUMBEL, step, token_gs,
           p.num_experts)
-    routing = gating.Top2Gating(
+    out_routing, aux, _ = gating.Top2Gating(
         logits_gse, nonpad_gs, capacity, p.second_expert_policy,
         uniform_gs=uniform_gs, gumbel_gse=gumbel_gse,
         renormalize_after_drop=p.renormalize_after_drop,
         rejected_second_takes_slot=p.rejected_second_takes_slot)
-    return routing, routing.aux_loss, NestedMap()
+    return out_routing, p.aux_loss_weight * aux, NestedMap(group_aux=aux)

@@ -1,9 +1,10 @@
 """Dispatch tokens to expert buffers and combine the experts' outputs.
 
-A *routing* (produced by a gating function) says, per group g, token s and
+A `routing.Routing` (produced by a gate) says, per group g, token s and
 choice k, which expert the token wants (`expert_gsk`), its slot in that
-expert's buffer (`position_gsk`), whether it got the slot (`dispatched_gsk`)
-and its combine weight (`weight_gsk`, 0 where not dispatched). Expert
+expert's buffer (`position_gsk`), whether it got the slot (`dispatched_gsk`,
+which already respects capacity) and its combine weight (`weight_gsk`, 0
+where not dispatched). Expert
 buffers hold C slots per (expert, group): the dispatched tensor is
 `[E, G, C, M]` (GShard §3.1, Algorithm 2).
 
@@ -38,53 +39,22 @@ import tensorflow as tf
 from lingshard import sharding
 
 
-def RankMajorPositions(expert_gsk, occupy_gsk, num_experts):
-  """Buffer positions: choice-rank major, then token order (Algorithm 1).
-
-  All first choices of a group are queued (in token order) before any
-  second choice, and so on: position of (s, k) in expert e = number of
-  occupying choices (s', k') with e' = e and (k' < k or (k' = k, s' < s)).
-  This is the exclusive cumsum of GShard Algorithm 1 lines 7/18 vectorized
-  (lines 11/22 advance the counter even past capacity, as here).
-
-  Args:
-    expert_gsk: int32 [G, S, K] wanted expert per choice.
-    occupy_gsk: bool [G, S, K], whether the choice advances the counter.
-    num_experts: E.
-
-  Returns:
-    int32 [G, S, K] positions (may be >= capacity: caller drops those).
-  """
-  base_ge = None
-  positions = []
-  for k in range(expert_gsk.shape[-1]):
-    onehot_gse = tf.one_hot(expert_gsk[:, :, k], num_experts, dtype=tf.int32)
-    occ_gse = onehot_gse * tf.cast(occupy_gsk[:, :, k:k + 1], tf.int32)
-    cum_gse = tf.math.cumsum(occ_gse, axis=1, exclusive=True)
-    if base_ge is not None:
-      cum_gse += base_ge[:, tf.newaxis, :]
-    positions.append(tf.reduce_sum(cum_gse * onehot_gse, axis=-1))
-    count_ge = tf.reduce_sum(occ_gse, axis=1)
-    base_ge = count_ge if base_ge is None else base_ge + count_ge
-  return tf.stack(positions, axis=-1)
-
-
-def _ValidPositions(routing, capacity):
+def _ValidPositions(routing):
   """Positions of dispatched choices, -1 elsewhere (one_hot(-1) = 0)."""
-  return tf.where(routing.dispatched_gsk & (routing.position_gsk < capacity),
-                  routing.position_gsk, -tf.ones_like(routing.position_gsk))
+  return tf.where(routing.dispatched_gsk, routing.position_gsk,
+                  -tf.ones_like(routing.position_gsk))
 
 
 def CombineWeightsGSEC(routing, num_experts, capacity):
   """Algorithm 2 `combine_weights [G, S, E, C]` (float32).
 
-  einsum `GSK,GSKE,GSKC->GSEC`: at most K non-zeros per token. With
+  einsum `GSK,GSKE,GSKC->GSEC`: at most K non-zeros per token. When
   `routing.choice_is_expert` (choice k is expert k, K = E) the expert
   one-hot is the identity and is skipped.
   """
-  onehot_gskc = tf.one_hot(_ValidPositions(routing, capacity), capacity,
+  onehot_gskc = tf.one_hot(_ValidPositions(routing), capacity,
                            dtype=tf.float32)
-  if routing.get('choice_is_expert', False):
+  if routing.choice_is_expert:
     return routing.weight_gsk[..., tf.newaxis] * onehot_gskc
   onehot_gske = tf.one_hot(routing.expert_gsk, num_experts, dtype=tf.float32)
   return tf.einsum('gsk,gske,gskc->gsec', routing.weight_gsk, onehot_gske,
@@ -98,9 +68,9 @@ def DispatchMaskGSEC(routing, num_experts, capacity, dtype=tf.float32):
   dispatched choice whose weight underflows to 0 stays dispatched, exactly
   as in the gather implementation.
   """
-  onehot_gskc = tf.one_hot(_ValidPositions(routing, capacity), capacity,
+  onehot_gskc = tf.one_hot(_ValidPositions(routing), capacity,
                            dtype=dtype)
-  if routing.get('choice_is_expert', False):
+  if routing.choice_is_expert:
     return onehot_gskc
   onehot_gske = tf.one_hot(routing.expert_gsk, num_experts, dtype=dtype)
   return tf.einsum('gske,gskc->gsec', onehot_gske, onehot_gskc)
@@ -111,8 +81,7 @@ def EinsumMoE(x_gsm, routing, expert_fn, num_experts, capacity, shard):
 
   Args:
     x_gsm: [G, S, M] inputs (fprop dtype).
-    routing: NestedMap with expert_gsk, position_gsk, dispatched_gsk,
-      weight_gsk (see module docstring).
+    routing: a routing.Routing (see module docstring).
     expert_fn: `(x_egcm, out_layout) -> y` with out_layout 'egcm' | 'gecm'.
     num_experts, capacity: E, C.
     shard: `(tensor, key) -> tensor` activation annotation (keys 'gsm',
@@ -144,8 +113,7 @@ def _SourceTable(routing, num_experts, capacity):
   num_slots = num_experts * g_len * capacity
   g_gsk = tf.range(g_len)[:, tf.newaxis, tf.newaxis]
   slot_gsk = (expert_gsk * g_len + g_gsk) * capacity + routing.position_gsk
-  ok_gsk = routing.dispatched_gsk & (routing.position_gsk < capacity)
-  slot_gsk = tf.where(ok_gsk, slot_gsk, num_slots)
+  slot_gsk = tf.where(routing.dispatched_gsk, slot_gsk, num_slots)
   src_gsk = tf.reshape(tf.range(s_len * k_len, dtype=tf.int32),
                        [1, s_len, k_len]) + 1
   src_gsk = tf.broadcast_to(src_gsk, tf.shape(slot_gsk))
@@ -172,7 +140,7 @@ def _LocalDispatch(x_gsm, routing, num_experts, capacity):
   return x_egcm, src_egc
 
 
-def _LocalCombine(y_egcm, routing, src_egc, capacity, s_len):
+def _LocalCombine(y_egcm, routing, src_egc, s_len):
   """Per group-shard: out[g, s] = sum_k weight[g, s, k] * y[slot(g, s, k)].
 
   Few choices per token (K << E): each token gathers its K expert outputs
@@ -184,7 +152,7 @@ def _LocalCombine(y_egcm, routing, src_egc, capacity, s_len):
   g_len, c_len, m_len = tf.shape(y_egcm)[1], y_egcm.shape[2], y_egcm.shape[3]
   y_flat = tf.reshape(y_egcm, [-1, m_len])
   dtype = y_egcm.dtype
-  if routing.get('choice_is_expert', False):
+  if routing.choice_is_expert:
     k_len = routing.expert_gsk.shape[2]
     valid_egc = src_egc >= 0
     src = tf.maximum(src_egc, 0)
@@ -198,7 +166,7 @@ def _LocalCombine(y_egcm, routing, src_egc, capacity, s_len):
                                        g_len * s_len)
     return tf.reshape(out, [-1, s_len, m_len])
   g_gsk = tf.range(g_len)[:, tf.newaxis, tf.newaxis]
-  ok_gsk = routing.dispatched_gsk & (routing.position_gsk < capacity)
+  ok_gsk = routing.dispatched_gsk  # Respects capacity (routing.Routing).
   slot_gsk = (routing.expert_gsk * g_len + g_gsk) * c_len + routing.position_gsk
   slot_gsk = tf.where(ok_gsk, slot_gsk, tf.zeros_like(slot_gsk))
   y_gskm = tf.gather(y_flat, slot_gsk)
@@ -226,7 +194,7 @@ def GatherMoE(x_gsm, routing, expert_fn, num_experts, capacity, shard,
   if manual is None:
     x_egcm, src_egc = _LocalDispatch(x_gsm, routing, num_experts, capacity)
     y_egcm = shard(expert_fn(shard(x_egcm, 'egcm'), 'egcm'), 'egcm')
-    out = _LocalCombine(y_egcm, routing, src_egc, capacity, s_len)
+    out = _LocalCombine(y_egcm, routing, src_egc, s_len)
     return shard(out, 'gsm')
 
   mesh, names, ga = manual.device_mesh, manual.mesh_axis_names, manual.group_axis
@@ -243,9 +211,10 @@ def GatherMoE(x_gsm, routing, expert_fn, num_experts, capacity, shard,
     return sharding.manual_to_auto(t, mesh, mapping, full_shape, names,
                                    manual_axis)
 
-  local = routing.copy()
-  for key in ('expert_gsk', 'position_gsk', 'dispatched_gsk', 'weight_gsk'):
-    local[key] = ToManual(routing[key], gsk_map)
+  local = routing._replace(**{
+      key: ToManual(getattr(routing, key), gsk_map)
+      for key in ('expert_gsk', 'position_gsk', 'dispatched_gsk',
+                  'weight_gsk')})
   x_local = ToManual(x_gsm, gsk_map)
   x_egcm_l, src_egc_l = _LocalDispatch(x_local, local, num_experts,
                                        capacity)
@@ -255,6 +224,6 @@ def GatherMoE(x_gsm, routing, expert_fn, num_experts, capacity, shard,
   y_egcm_l = ToManual(y_egcm, egcm_map)
   # The local routing and source table were computed on the same group
   # shard: they are manual tensors already (no communication).
-  out_l = _LocalCombine(y_egcm_l, local, src_egc_l, capacity, s_len)
+  out_l = _LocalCombine(y_egcm_l, local, src_egc_l, s_len)
   out = ToAuto(out_l, gsk_map, [g_len, s_len, m_len])
   return shard(out, 'gsm')

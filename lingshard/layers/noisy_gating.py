@@ -25,7 +25,7 @@ import tensorflow as tf
 from lingshard.layers import base_layer
 from lingshard.layers import gating
 from lingshard.layers import moe
-from lingshard.layers import moe_dispatch
+from lingshard.layers import routing
 from lingshard.layers import routing_metrics
 from lingshard.layers import routing_rng
 from lingshard.nested_map import NestedMap
@@ -93,33 +93,14 @@ def SumOverTokens(v_gse, nonpad_gs):
   return tf.reduce_sum(v_gse * mask, axis=[0, 1])
 
 
-def NoisyRouting(gating_out, nonpad_gs, capacity, num_experts,
-                 renormalize_after_drop=False):
-  """Token-choice routing (moe_dispatch) from NoisyTopK outputs."""
-  nonpad_b = tf.cast(nonpad_gs, tf.float32) > 0
-  expert_gsk = gating_out.expert_xk
-  wanted_gsk = tf.broadcast_to(nonpad_b[..., tf.newaxis],
-                               tf.shape(expert_gsk))
-  position_gsk = moe_dispatch.RankMajorPositions(expert_gsk, wanted_gsk,
-                                                 num_experts)
-  dispatched_gsk = wanted_gsk & (position_gsk < capacity)
-  weight_gsk = gating_out.gate_xk * tf.cast(dispatched_gsk, tf.float32)
-  if renormalize_after_drop:
-    weight_gsk = tf.math.divide_no_nan(
-        weight_gsk, tf.reduce_sum(weight_gsk, axis=-1, keepdims=True))
-  return NestedMap(expert_gsk=expert_gsk, gate_gsk=gating_out.gate_xk,
-                   wanted_gsk=wanted_gsk, position_gsk=position_gsk,
-                   dispatched_gsk=dispatched_gsk, weight_gsk=weight_gsk)
-
-
 class NoisyTopKMoELayer(moe.MoEBase):
   """Sparsely-gated MoE with noisy top-k gating (Shazeer et al. 2017).
 
   aux.aux_loss = L_importance + L_load = w_importance * CV(Importance)^2 +
-  w_load * CV(Load)^2 (eqs. 7, 11; App. C uses w = 0.1). In inference only
-  L_importance is defined (no noise): aux_loss then omits L_load. Also the
-  LM layer of App. C: inputs [B, T, M] from an LSTM, k = 4,
-  output_activation 'sigmoid'.
+  w_load * CV(Load)^2 (eqs. 7, 11; defaults w = 0.1 as in App. C), weighted
+  here: the task adds it as is. In inference only L_importance is defined
+  (no noise): aux_loss then omits L_load. With inputs [B, T, M] from an
+  LSTM, k = 4 and output_activation 'sigmoid' it is the LM layer of App. C.
   """
 
   REPLICATED_WEIGHTS = {'wg': 2, 'w_noise': 2}
@@ -129,7 +110,9 @@ class NoisyTopKMoELayer(moe.MoEBase):
     p = super().Params()
     p.capacity_factor = None
     p.eval_capacity_factor = None
-    p.Define('num_experts_per_token', 2, 'k of noisy top-k.')
+    p.Define('num_experts_per_token', 2, 'k of noisy top-k (2: the '
+             'multilingual MT model of App. E; its flat LM and single-pair '
+             'MT layers use 4).')
     p.Define('noisy_gating', True, 'Add the eq. (4) noise in training.')
     p.Define('noise_epsilon', 0.0, 'Added to Softplus(x Wnoise) (paper: 0; '
              "the authors' code uses 1e-2).")
@@ -157,12 +140,10 @@ class NoisyTopKMoELayer(moe.MoEBase):
   def Gate(self, theta, x_gsm, token_gs, step):
     """NoisyTopK on [G, S, M] inputs (float32), noise in training only."""
     p = self.params
-    x = tf.cast(x_gsm, tf.float32)
-    clean_gse = tf.einsum('gsm,me->gse', x, tf.cast(theta.wg, tf.float32))
+    clean_gse = routing.GatingLogits(x_gsm, theta.wg)
     std_gse = normal_gse = None
-    if p.noisy_gating and not self.do_eval:
-      std_gse = tf.nn.softplus(tf.einsum(
-          'gsm,me->gse', x, tf.cast(theta.w_noise, tf.float32)))
+    if p.noisy_gating and not p.is_inference:
+      std_gse = tf.nn.softplus(routing.GatingLogits(x_gsm, theta.w_noise))
       std_gse += p.noise_epsilon
       normal_gse = routing_rng.TokenNormal(
           self.layer_seed, routing_rng.STREAM_NOISE, step, token_gs,
@@ -172,8 +153,9 @@ class NoisyTopKMoELayer(moe.MoEBase):
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
     p = self.params
     out = self.Gate(theta, x_gsm, token_gs, step)
-    routing = NoisyRouting(out, nonpad_gs, capacity, p.num_experts,
-                           p.renormalize_after_drop)
+    out_routing = routing.TokenChoiceRouting(
+        out.expert_xk, out.gate_xk, nonpad_gs, capacity, p.num_experts,
+        renormalize_after_drop=p.renormalize_after_drop)
     importance_e = SumOverTokens(out.gates_xe, nonpad_gs)
     if out.prob_xe is not None:
       load_e = SumOverTokens(out.prob_xe, nonpad_gs)
@@ -184,6 +166,6 @@ class NoisyTopKMoELayer(moe.MoEBase):
     aux_loss = importance_loss
     if out.prob_xe is not None:
       aux_loss += load_loss
-    extra = NestedMap(importance_e=importance_e, load_e=load_e,
+    stats = NestedMap(importance_e=importance_e, load_e=load_e,
                       importance_loss=importance_loss, load_loss=load_loss)
-    return routing, aux_loss, extra
+    return out_routing, aux_loss, stats

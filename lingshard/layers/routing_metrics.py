@@ -1,8 +1,8 @@
 """Routing metrics every MoE layer returns for summaries (float32).
 
-Computed from a routing (moe_dispatch: expert_gsk, wanted_gsk,
-dispatched_gsk, gate_gsk) over real (non-padding) tokens only. A choice is
-*wanted* when the gate picked it and the second-expert policy kept it; it is
+Computed from a `routing.Routing` over real (non-padding) tokens only. A
+choice is *wanted* when the gate picked it and the second-expert policy
+kept it; it is
 *dispatched* when it also got a slot (position < C); wanted but not
 dispatched = dropped (over capacity).
 
@@ -22,6 +22,7 @@ tokens_per_expert_first and over_capacity_first/second are omitted):
                                (cumsum dispatch drops late tokens)
   drop_frac_by_expert     [E]  dropped / wanted by wanted expert
   random_accept_rate           second choices kept by the policy / tokens
+                               (1.0 for gates without a policy)
   num_tokens                   real tokens in the batch
 """
 
@@ -65,8 +66,7 @@ def RoutingMetrics(routing, nonpad_gs, num_experts, importance_e=None,
   """NestedMap of float32 routing metrics (module docstring).
 
   Args:
-    routing: NestedMap with expert_gsk, wanted_gsk, dispatched_gsk and
-      gate_gsk (normalised gate of each choice).
+    routing: a routing.Routing.
     nonpad_gs: float32 [G, S].
     num_experts: E.
     importance_e: optional [E] Importance(X); default sum of the wanted
@@ -88,7 +88,7 @@ def RoutingMetrics(routing, nonpad_gs, num_experts, importance_e=None,
   inv_n = 1.0 / tf.maximum(n, 1.0)
   m = NestedMap(num_tokens=n)
 
-  by_rank = not routing.get('choice_is_expert', False)
+  by_rank = not routing.choice_is_expert
   if by_rank:  # Choice k is a preference rank (not so for K = E routing).
     m.tokens_per_expert_first = _PerExpert(
         real_gsk[..., 0], expert_gsk[..., 0], num_experts) * inv_n
@@ -134,7 +134,20 @@ def RoutingMetrics(routing, nonpad_gs, num_experts, importance_e=None,
   m.drop_frac_by_expert = tf.math.divide_no_nan(
       _PerExpert(dropped_gsk, expert_gsk, num_experts),
       _PerExpert(wanted_gsk, expert_gsk, num_experts))
-  if 'accept_gs' in routing:
-    m.random_accept_rate = tf.reduce_sum(
-        _F32(routing.accept_gs) * nonpad_gs) * inv_n
+  m.random_accept_rate = tf.reduce_sum(
+      _F32(routing.accept_gs) * nonpad_gs) * inv_n
   return m
+
+
+def FlattenMetrics(metrics, prefix=''):
+  """Sorted [(name, value)] of a (nested) dict/NestedMap, for summaries.
+
+  Nested keys join with '_' (`a.b[0]` -> `a_b_0`), after `prefix_` when a
+  prefix is given. Values keep their shape: scalars become scalar
+  summaries, per-expert vectors histograms (train/summaries.py).
+  """
+  out = []
+  for key, value in NestedMap(metrics).FlattenItems():
+    name = key.replace('.', '_').replace('[', '_').replace(']', '')
+    out.append((f'{prefix}_{name}' if prefix else name, value))
+  return sorted(out, key=lambda item: item[0])

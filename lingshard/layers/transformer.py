@@ -10,8 +10,9 @@ connection, residual dropout and layer norm:
 
 GShard §2.1 / Figure 3(b): MoE layers replace every other feed-forward
 layer; `TransformerStack.Params().moe_layers` lists the layer indices whose
-FFN is an MoE layer (None = every other one: 1, 3, 5, ...). The MoE layer
-does the FFN only; its aux loss and metrics come back per layer.
+FFN is an MoE layer (None = every other one: 1, 3, 5, ...). Dense and MoE
+FFNs share one contract (ffn.py): `FProp(theta, x, paddings, step,
+token_offset) -> (y, aux)`; the stack returns the non-empty aux per layer.
 
 Einsum letters: b batch, t target/query position, s source/key position,
 m model dim, q new tokens of an incremental step.
@@ -79,77 +80,80 @@ class TransformerLayer(base_layer.BaseLayer):
       self.CreateChild(name, atten)
       self.CreateChild(f'{name}_ln', ln)
       self.CreateChild(f'{name}_dropout', drop)
+    # Child names keep the weight paths (`.../ffn/...`, `.../moe/...`).
     if p.moe_tpl is None:
-      self.CreateChild('ffn', ffn.FeedForward.Params().Set(
-          input_dim=p.model_dim, hidden_dim=p.hidden_dim,
-          activation_dropout_prob=p.relu_dropout_prob))
+      self._ffn_child = 'ffn'
+      ffn_p = ffn.FeedForward.Params().Set(
+          activation_dropout_prob=p.relu_dropout_prob)
     else:
-      self.CreateChild('moe', p.moe_tpl.Copy().Set(
-          input_dim=p.model_dim, hidden_dim=p.hidden_dim))
+      self._ffn_child = 'moe'
+      ffn_p = p.moe_tpl.Copy()
+    self.CreateChild(self._ffn_child, ffn_p.Set(input_dim=p.model_dim,
+                                                hidden_dim=p.hidden_dim))
     self.CreateChild('ffn_ln', ln)
     self.CreateChild('ffn_dropout', drop)
 
-  @property
-  def is_moe(self):
-    return self.params.moe_tpl is not None
-
   def _Sublayer(self, theta, name, x_btm, fn, step):
-    """Residual + dropout + layer norm around `fn` (see module docstring)."""
+    """Residual + dropout + layer norm around `fn` (see module docstring).
+
+    `fn(h) -> (y, extra)`; returns (sublayer output, extra).
+    """
     ln, drop = getattr(self, f'{name}_ln'), getattr(self, f'{name}_dropout')
     ln_theta, drop_theta = theta[f'{name}_ln'], theta[f'{name}_dropout']
     if self.params.norm_policy == 'pre':
-      y = fn(ln.FProp(ln_theta, x_btm))
-      return x_btm + drop.FProp(drop_theta, y, step=step)
-    y = fn(x_btm)
-    return ln.FProp(ln_theta, x_btm + drop.FProp(drop_theta, y, step=step))
+      y, extra = fn(ln.FProp(ln_theta, x_btm))
+      return x_btm + drop.FProp(drop_theta, y, step=step), extra
+    y, extra = fn(x_btm)
+    return (ln.FProp(ln_theta, x_btm + drop.FProp(drop_theta, y, step=step)),
+            extra)
 
   def _Ffn(self, theta, x_btm, paddings_bt, step, token_offset):
-    """The FFN sublayer; returns (out, aux or None)."""
-    aux = []
+    """The FFN sublayer (dense or MoE, one contract): (out, aux)."""
+    name = self._ffn_child
+    return self._Sublayer(
+        theta, 'ffn', x_btm,
+        lambda h: self.children[name].FProp(
+            theta[name], h, paddings_bt, step=step,
+            token_offset=token_offset),
+        step)
 
-    def Fn(h_btm):
-      if not self.is_moe:
-        return self.ffn.FProp(theta.ffn, h_btm, step=step)
-      out, moe_aux = self.moe.FProp(theta.moe, h_btm, paddings_bt, step=step,
-                                    token_offset=token_offset)
-      aux.append(moe_aux)
-      return out
+  def _Attention(self, theta, name, x_btm, fn, step):
+    """An attention sublayer: `fn(h) -> y`; returns the sublayer output."""
+    return self._Sublayer(theta, name, x_btm, lambda h: (fn(h), None),
+                          step)[0]
 
-    out = self._Sublayer(theta, 'ffn', x_btm, Fn, step)
-    return out, (aux[0] if aux else None)
-
-  def FProp(self, theta, inputs_btm, paddings_bt, aux_bsm=None,
-            aux_paddings_bs=None, step=None, token_offset=0):
+  def FProp(self, theta, inputs_btm, paddings_bt, enc_bsm=None,
+            enc_paddings_bs=None, step=None, token_offset=0):
     """One layer over a whole sequence.
 
     Args:
       theta: weights.
       inputs_btm: [B, T, M].
       paddings_bt: [B, T] float, 1.0 = padding.
-      aux_bsm: encoder output [B, S, M] (decoder only).
-      aux_paddings_bs: encoder paddings [B, S] (decoder only).
+      enc_bsm: encoder output [B, S, M] (decoder only).
+      enc_paddings_bs: encoder paddings [B, S] (decoder only).
       step: int scalar: dropout masks and MoE routing randomness.
       token_offset: global index of this batch's first token, for the MoE
         layer's counter-based routing randomness (e.g. micro-batch i of a
         pipeline passes i * B * T).
 
     Returns:
-      (outputs [B, T, M], MoE aux NestedMap(aux_loss, metrics) or None).
+      (outputs [B, T, M], the FFN's aux (ffn.py; empty for a dense FFN)).
     """
     p = self.params
-    x = self._Sublayer(
+    x = self._Attention(
         theta, 'self_atten', inputs_btm,
         lambda h: self.self_atten.FProp(theta.self_atten, h,
                                         key_paddings_bs=paddings_bt,
                                         causal=p.is_decoder, step=step),
         step)
     if p.is_decoder:
-      if aux_bsm is None:
-        raise ValueError(f'{p.name}: a decoder layer needs aux_bsm')
-      x = self._Sublayer(
+      if enc_bsm is None:
+        raise ValueError(f'{p.name}: a decoder layer needs enc_bsm')
+      x = self._Attention(
           theta, 'cross_atten', x,
-          lambda h: self.cross_atten.FProp(theta.cross_atten, h, aux_bsm,
-                                           aux_paddings_bs, step=step),
+          lambda h: self.cross_atten.FProp(theta.cross_atten, h, enc_bsm,
+                                           enc_paddings_bs, step=step),
           step)
     return self._Ffn(theta, x, paddings_bt, step, token_offset)
 
@@ -169,23 +173,19 @@ class TransformerLayer(base_layer.BaseLayer):
     Returns:
       (outputs [B, Q, M], updated cache).
     """
-    new_cache = []
-
-    def SelfFn(h):
-      out, c = self.self_atten.ExtendStep(theta.self_atten, h, cache,
-                                          positions_q, self_mask_bqs)
-      new_cache.append(c)
-      return out
-
-    x = self._Sublayer(theta, 'self_atten', inputs_bqm, SelfFn, None)
-    x = self._Sublayer(
+    x, new_cache = self._Sublayer(
+        theta, 'self_atten', inputs_bqm,
+        lambda h: self.self_atten.ExtendStep(theta.self_atten, h, cache,
+                                             positions_q, self_mask_bqs),
+        None)
+    x = self._Attention(
         theta, 'cross_atten', x,
         lambda h: self.cross_atten.Attend(theta.cross_atten, h, cross_kv,
                                           cross_mask_bqs),
         None)
     paddings_bq = tf.zeros(tf.shape(x)[:2], tf.float32)
     out, _ = self._Ffn(theta, x, paddings_bq, None, 0)
-    return out, new_cache[0]
+    return out, new_cache
 
 
 class TransformerStack(base_layer.BaseLayer):
@@ -241,21 +241,21 @@ class TransformerStack(base_layer.BaseLayer):
       return self.final_ln.FProp(theta.final_ln, x)
     return x
 
-  def FProp(self, theta, inputs_btm, paddings_bt, aux_bsm=None,
-            aux_paddings_bs=None, step=None, token_offset=0):
-    """All layers; returns (outputs [B, T, M], {layer_xxx: MoE aux}).
+  def FProp(self, theta, inputs_btm, paddings_bt, enc_bsm=None,
+            enc_paddings_bs=None, step=None, token_offset=0):
+    """All layers; returns (outputs [B, T, M], {layer_xxx: non-empty aux}).
 
     Arguments as `TransformerLayer.FProp`.
     """
     x = inputs_btm
-    moe_aux = NestedMap()
+    stack_aux = NestedMap()
     for i, (layer, layer_theta) in enumerate(zip(self.layer, theta.layer)):
-      x, aux = layer.FProp(layer_theta, x, paddings_bt, aux_bsm,
-                           aux_paddings_bs, step=step,
+      x, aux = layer.FProp(layer_theta, x, paddings_bt, enc_bsm,
+                           enc_paddings_bs, step=step,
                            token_offset=token_offset)
-      if aux is not None:
-        moe_aux[f'layer_{i:03d}'] = aux
-    return self._FinalNorm(theta, x), moe_aux
+      if aux:
+        stack_aux[f'layer_{i:03d}'] = aux
+    return self._FinalNorm(theta, x), stack_aux
 
   # ---------------------------------------------------- incremental decoding
   def InitCache(self, batch_size, max_len):
@@ -263,9 +263,9 @@ class TransformerStack(base_layer.BaseLayer):
     return [layer.self_atten.InitCache(batch_size, max_len)
             for layer in self.layer]
 
-  def CrossKeyValues(self, theta, aux_bsm):
+  def CrossKeyValues(self, theta, enc_bsm):
     """Per-layer projected encoder keys/values (computed once per decode)."""
-    return [layer.cross_atten.ProjectKeyValue(lt.cross_atten, aux_bsm)
+    return [layer.cross_atten.ProjectKeyValue(lt.cross_atten, enc_bsm)
             for layer, lt in zip(self.layer, theta.layer)]
 
   def ExtendStep(self, theta, inputs_bqm, caches, positions_q, self_mask_bqs,

@@ -52,6 +52,11 @@ class BaseTask(base_layer.BaseLayer):
   `ComputeLoss(theta, predictions, batch)`, which returns
   `(metrics, per_example)`: metrics is a NestedMap of name -> (value,
   weight) scalars and must contain `loss`.
+
+  The trainer's other modes use three hooks: `InferenceParams` (the task
+  of eval, decode and export), `CreateDecoder` (decode) and
+  `CreateExportModule` (export); a task without a decoder or an export
+  module cannot be decoded or exported.
   """
 
   @classmethod
@@ -59,6 +64,26 @@ class BaseTask(base_layer.BaseLayer):
     p = super().Params()
     p.Define('train', TrainParams(), 'Training hyper-parameters.')
     return p
+
+  @classmethod
+  def InferenceParams(cls, task_params):
+    """A copy of `task_params` for eval, decode and export: here with
+    is_inference=True. The task these params build runs on the training
+    task's theta."""
+    return task_params.Copy().Set(is_inference=True)
+
+  def CreateDecoder(self, input_generator, train_input_generator=None):
+    """The decoder of --mode=decode (a train/decode_loop.BaseDecoder) on
+    `input_generator`, or None: this task cannot decode."""
+    del input_generator, train_input_generator
+    return None
+
+  def CreateExportModule(self, theta, input_generator):
+    """The tf.Module --mode=export saves (with `Signatures()`, see
+    train/export.py) for weights `theta` and the training input, or None:
+    this task cannot be exported."""
+    del theta, input_generator
+    return None
 
   def ComputePredictions(self, theta, input_batch, **kwargs):
     raise NotImplementedError(f'{type(self).__name__}.ComputePredictions')

@@ -10,20 +10,24 @@ target, so a subword the source shares with English (names, code,
 numbers, placeholders) has one vector: copying it is easy to learn. MoE layers replace every other FFN of both
 stacks (or the layers `encoder_moe_layers` / `decoder_moe_layers` name).
 
-Loss (GShard §2.2): `loss = xent + aux_loss_weight * sum_l aux_l`, where
-xent is the label-smoothed per-token cross-entropy averaged over
-non-padding target tokens and aux_l the auxiliary load-balancing loss of
-MoE layer l. Metrics (name -> (value, weight)): `loss`, `xent`,
-`log_pplx` (unsmoothed per-token nll), `aux_loss` (the sum),
-`num_tgt_tokens`, `num_src_tokens`, and per MoE layer
-`{enc|dec}_layer_XXX_aux_loss` and `{enc|dec}_layer_XXX_<routing metric>`.
+Loss (GShard §2.2): `loss = xent + sum_l aux_l`, where xent is the
+label-smoothed per-token cross-entropy averaged over non-padding target
+tokens and aux_l the auxiliary load-balancing loss of MoE layer l, already
+weighted by that layer (e.g. moe.MoELayer's `aux_loss_weight` k). Metrics
+(name -> (value, weight)): `loss`, `xent`, `log_pplx` (unsmoothed
+per-token nll), `aux_loss` (the sum), `num_tgt_tokens`, `num_src_tokens`,
+and per MoE layer `{enc|dec}_layer_XXX_aux_loss` and
+`{enc|dec}_layer_XXX_<routing metric>` (routing_metrics.FlattenMetrics;
+per-expert metrics are vectors, which summaries write as histograms).
 
 Decoding (`Decode`) runs the encoder once, then the decoder one token at a
 time with cached self-attention keys/values: greedy (beam_size 1),
 standard beam search or GShard App. A.1's flat beam search, with GNMT
 length normalisation. It needs a task built with `is_inference=True`
-(`InferenceParams`): no dropout, and MoE layers with an eval capacity that
-cannot drop a token of a single sentence.
+(`TransformerMTModel.InferenceParams`): no dropout, and MoE layers with
+an eval capacity that cannot drop a token of a single sentence. The
+trainer's decode and export modes use `CreateDecoder` (mt_decoder.py) and
+`CreateExportModule` (mt_export.py).
 """
 
 import tensorflow as tf
@@ -36,9 +40,12 @@ from lingshard.layers import attention
 from lingshard.layers import dropout
 from lingshard.layers import embedding
 from lingshard.layers import position
+from lingshard.layers import routing_metrics
 from lingshard.layers import softmax
 from lingshard.layers import transformer
 from lingshard.models import base_model
+from lingshard.models import mt_decoder
+from lingshard.models import mt_export
 from lingshard.nested_map import NestedMap
 
 
@@ -83,7 +90,6 @@ class TransformerMTModel(base_model.BaseTask):
              'Encoder layers with MoE FFNs; None = every other (1, 3, ...).')
     p.Define('decoder_moe_layers', None,
              'Decoder layers with MoE FFNs; None = every other (1, 3, ...).')
-    p.Define('aux_loss_weight', 0.01, 'k in loss = xent + k * sum(aux).')
     p.Define('sos_id', 1, 'First decoder input token (BOS).')
     p.Define('eos_id', 2, 'End-of-sentence token.')
     p.Define('decode', DecodeParams(), 'Decoding hyper-parameters.')
@@ -141,14 +147,14 @@ class TransformerMTModel(base_model.BaseTask):
     return self.softmax.Logits(theta.softmax, x_btm)
 
   def Encode(self, theta, src_ids, src_paddings, step=None, token_offset=0):
-    """Encoder output [B, S, M] and its MoE aux {layer_xxx: aux}."""
+    """Encoder output [B, S, M] and its FFN aux {layer_xxx: aux}."""
     x = self._Embed(theta, 'src', src_ids, step)
     return self.enc.FProp(theta.enc, x, src_paddings, step=step,
                           token_offset=token_offset)
 
   def ComputePredictions(self, theta, input_batch, step=None, token_offset=0,
                          **kwargs):
-    """Logits [B, T, V] of the target labels, and MoE aux per stack.
+    """Logits [B, T, V] of the target labels, and the FFN aux per stack.
 
     Args:
       theta: weights.
@@ -167,7 +173,7 @@ class TransformerMTModel(base_model.BaseTask):
                                       src.paddings, step=step,
                                       token_offset=token_offset)
     return NestedMap(logits=self._Logits(theta, dec_btm),
-                     moe_aux=NestedMap(enc=enc_aux, dec=dec_aux))
+                     ffn_aux=NestedMap(enc=enc_aux, dec=dec_aux))
 
   def ComputeLoss(self, theta, predictions, input_batch):
     """(metrics, per_example); see the module docstring for the keys."""
@@ -185,16 +191,14 @@ class TransformerMTModel(base_model.BaseTask):
     metrics = NestedMap()
     aux_total = tf.constant(0.0)
     for stack in ('enc', 'dec'):
-      for name, aux in sorted(predictions.moe_aux[stack].items()):
+      for name, aux in sorted(predictions.ffn_aux[stack].items()):
         prefix = f'{stack}_{name}'
         aux_loss = tf.cast(aux.aux_loss, tf.float32)
-        aux_total += aux_loss
+        aux_total += aux_loss  # Weighted by the layer: added as is.
         metrics[f'{prefix}_aux_loss'] = (aux_loss, one)
-        for key, value in aux.metrics.FlattenItems():
-          if value.shape.rank == 0:  # Per-expert vectors stay in predictions.
-            metrics[f'{prefix}_{key.replace(".", "_")}'] = (
-                tf.cast(value, tf.float32), one)
-    loss = avg_xent + p.aux_loss_weight * aux_total
+        for key, value in routing_metrics.FlattenMetrics(aux.metrics, prefix):
+          metrics[key] = (tf.cast(value, tf.float32), one)
+    loss = avg_xent + aux_total
     num_src = tf.reduce_sum(1.0 - tf.cast(src.paddings, tf.float32))
     metrics.update(
         loss=(loss, num_tgt), xent=(avg_xent, num_tgt),
@@ -284,10 +288,10 @@ class TransformerMTModel(base_model.BaseTask):
       topk_lengths [B, k], topk_scores [B, k], best first.
     """
     p = self.params
-    if not self.do_eval:
+    if not p.is_inference:
       raise ValueError('Decode needs a task built with is_inference=True '
-                       '(mt_model.InferenceParams); theta may come from the '
-                       'training task.')
+                       '(TransformerMTModel.InferenceParams); theta may come '
+                       'from the training task.')
     d = p.decode
     k = d.beam_size if beam_size is None else beam_size
     max_len = d.max_decode_len if max_decode_len is None else max_decode_len
@@ -310,33 +314,43 @@ class TransformerMTModel(base_model.BaseTask):
     return search(step_fn, states, batch, k, max_len, p.sos_id, p.eos_id,
                   alpha)
 
+  # ------------------------------------------------- trainer mode hooks
+  @classmethod
+  def InferenceParams(cls, task_params):
+    """A copy of MT task params for decoding, eval and export.
 
-def InferenceParams(task_params):
-  """A copy of MT task params for decoding, eval and export.
+    Sets `is_inference` (no dropout; MoE layers use their eval capacity)
+    and makes every MoE layer unable to drop a token: groups of one token
+    (`group_size=1`), so each of a token's k choices, all different
+    experts, has a slot of its own (C >= 1 = S). A decoding step's tokens
+    are then routed exactly as in the full forward pass, whatever the
+    batch, beam layout or step (GShard App. A.1 decodes on the training
+    cluster). Costs grow as E * tokens, fine for decoding's few tokens per
+    step. The einsum dispatch is used: it takes any number of groups on any
+    mesh. Theta is unchanged: the training task's theta runs on the task
+    these params build. Eval aux losses are per one-token group and so not
+    comparable with training's; the token losses are.
 
-  Sets `is_inference` (no dropout; MoE layers use their eval capacity) and
-  makes every MoE layer unable to drop a token: groups of one token
-  (`group_size=1`), so each of a token's k choices, all different experts,
-  has a slot of its own (C >= 1 = S). A decoding step's tokens are then
-  routed exactly as in the full forward pass, whatever the batch, beam
-  layout or step (GShard App. A.1 decodes on the training cluster). Costs
-  grow as E * tokens, fine for decoding's few tokens per step. The einsum
-  dispatch is used: it takes any number of groups on any mesh. Theta is
-  unchanged: the training task's theta runs on the task these params
-  build. Eval aux losses are per one-token group and so not comparable with
-  training's; the token losses are.
+    A GShard `random` (or `sampling`) second-expert policy becomes `all`:
+    every token keeps its top-2 experts, as noisy gating drops its noise at
+    inference. Their draws are keyed by the token's index in the batch
+    (routing_rng), so a sentence would otherwise translate differently
+    with other batch neighbours, padding or beam layout (decode vs export).
+    """
+    p = super().InferenceParams(task_params)
+    if p.moe_tpl is not None:
+      p.moe_tpl.Set(num_groups=None, group_size=1, expert_capacity=None,
+                    dispatch_impl='einsum')
+      if 'second_expert_policy' in p.moe_tpl:
+        p.moe_tpl.second_expert_policy = 'all'
+    return p
 
-  A GShard `random` (or `sampling`) second-expert policy becomes `all`:
-  every token keeps its top-2 experts, as noisy gating drops its noise at
-  inference. Their draws are keyed by the token's index in the batch
-  (routing_rng), so a sentence would otherwise translate differently with
-  other batch neighbours, padding or beam layout (decode vs export).
-  """
-  p = task_params.Copy()
-  p.is_inference = True
-  if p.moe_tpl is not None:
-    p.moe_tpl.Set(num_groups=None, group_size=1, expert_capacity=None,
-                  dispatch_impl='einsum')
-    if 'second_expert_policy' in p.moe_tpl:
-      p.moe_tpl.second_expert_policy = 'all'
-  return p
+  def CreateDecoder(self, input_generator, train_input_generator=None):
+    """An mt_decoder.MtDecoder: BLEU / chrF per language of `input_generator`
+    (an MtInput), hypothesis files, the copy baseline."""
+    return mt_decoder.ForTask(self, input_generator, train_input_generator)
+
+  def CreateExportModule(self, theta, input_generator):
+    """An mt_export.Translator (`translate` signature) for the vocabularies
+    and bucket bounds of `input_generator` (an MtInput)."""
+    return mt_export.TranslatorForInput(self, theta, input_generator)

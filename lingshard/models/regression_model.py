@@ -4,7 +4,7 @@ model, used by the registry, the smoke run and the core tests."""
 import numpy as np
 import tensorflow as tf
 
-from lingshard import hyperparams
+from lingshard import base_input
 from lingshard.layers import linear
 from lingshard.models import base_model
 from lingshard.nested_map import NestedMap
@@ -49,7 +49,7 @@ class FeedForwardRegression(base_model.BaseTask):
     return metrics, NestedMap(sq_err=per_example)
 
 
-class RegressionInput:
+class RegressionInput(base_input.BaseInputGenerator):
   """Synthetic regression batches from a fixed random teacher.
 
   y = sum(sin(x @ A)) / sqrt(hidden) + noise, A ~ N(0, 1/D), with A and the stream of x
@@ -58,7 +58,7 @@ class RegressionInput:
 
   @classmethod
   def Params(cls):
-    p = hyperparams.InstantiableParams(cls)
+    p = super().Params()
     p.Define('batch_size', 32, 'Examples per batch.')
     p.Define('input_dim', 8, 'Features per example.')
     p.Define('teacher_hidden', 16, 'Width of the teacher projection.')
@@ -67,8 +67,8 @@ class RegressionInput:
     return p
 
   def __init__(self, params):
-    self.params = params.Copy().Freeze()
-    p = self.params
+    super().__init__(params)
+    p = self.params.Freeze()
     rng = np.random.RandomState(p.seed)
     # Scaled so x @ A has unit variance: sin() stays smooth and learnable.
     self._teacher = (rng.normal(size=[p.input_dim, p.teacher_hidden]) /

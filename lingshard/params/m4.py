@@ -84,11 +84,11 @@ def Transformer(num_layers, model_dim=1024, hidden_dim=8192, num_heads=16,
   if num_experts:
     mp = moe.MoELayer.Params().Set(
         num_experts=num_experts, num_groups=devices, capacity_factor=1.0,
-        second_expert_policy='random', dispatch_impl='einsum')
+        second_expert_policy='random', dispatch_impl='einsum',
+        aux_loss_weight=0.01)
     # Groups split over the mesh, experts (weights and buffers) too; the
     # einsum dispatch is GShard's Algorithm 2.
     p.moe_tpl = moe.MoELayer.SetExpertSharding(mp, p.device_mesh)
-    p.aux_loss_weight = 0.01
   # App. A.2: Adafactor (factored, beta1 = 0), lr 1.0, rsqrt decay from 10k.
   p.train.Set(optimizer='adafactor', learning_rate=1.0,
               lr_schedule='rsqrt_decay', warmup_steps=10000,
@@ -203,13 +203,9 @@ class _TinyCorpus(M4Corpus):
 
 
 def _TinyTrain(p):
-  # A high peak learning rate and no dropout: the demo's 12 minutes are
-  # ~3 epochs. README demo, 12 min, chrF averaged over languages on the
-  # placeholder-free dev_unseen_en / dev_seen_en (copy 11.87 / 12.07):
-  # dropout 0 -> 16.11 / 23.92 (4,826 steps); dropout 0.1 -> 10.92 / 12.59
-  # (2,485 steps: XLA's CPU random bits halve the step rate). Before the
-  # shared vocabulary (8k / 2k, separate tables, 16 min, 1.7k-2.1k steps)
-  # unseen noph stayed under copy (9.7-10.6).
+  # A high peak learning rate and no dropout: the demo trains for a few
+  # epochs of the small corpus, too few for dropout to help, and dropout's
+  # random bits slow each XLA CPU step.
   p.Set(input_dropout_prob=0.0, residual_dropout_prob=0.0,
         atten_dropout_prob=0.0, share_src_tgt_embedding=True,
         share_tgt_embedding_softmax=True)

@@ -3,6 +3,6 @@
 check.py (entry points and CheckResult), layer_task.py (any layer as a
 task), report.py (collectives from partitioned HLO), expect.py (--expect
 rules), manual_constants.py (an HLO rewrite before partitioning) and
-xla_runtime.py (the only module touching jaxlib). CLI:
-`python -m lingshard.tools.spmd_check`.
+xla_runtime.py (the only module touching jaxlib and TF's private XLA
+protos). CLI: `python -m lingshard.tools.spmd_check`.
 """

@@ -10,7 +10,8 @@ Given a step as a pure function of named inputs (theta, batch), the checker
 2. routes constants into manual regions (`manual_constants`), then
    partitions that HLO with XLA's SPMD partitioner (GShard §3.3) for
    N = prod(mesh_shape) devices and runs it on N virtual host CPU devices
-   (`xla_runtime`, the only module touching jaxlib);
+   (`xla_runtime`, the only module touching jaxlib and TF's private XLA
+   protos);
 3. compares every output with the TF run (dtype-aware tolerance) and
    reports the collectives, per-device FLOPs and memory, compile time, and
    `--expect` rule violations (`report`, `expect`).
@@ -33,8 +34,8 @@ import time
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.compiler.xla.service import hlo_pb2
 
+from lingshard import base_input
 from lingshard import model_registry
 from lingshard import sharding
 from lingshard.nested_map import NestedMap
@@ -155,7 +156,7 @@ def MeshShape(mesh_shape):
   return tuple(int(d) for d in value)
 
 
-def _Compare(name, ref, got, rtol=None, atol=None):
+def Compare(name, ref, got, rtol=None, atol=None):
   """TensorError of `got` against `ref` (see TensorError)."""
   ref, got = np.asarray(ref), np.asarray(got)
   dtype = ref.dtype.name
@@ -256,7 +257,7 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
     start = time.perf_counter()
     got = exe.Run(values, [r.shape for r in ref])
     run_seconds = time.perf_counter() - start
-    errors = [_Compare(n, r, g, rtol, atol)
+    errors = [Compare(n, r, g, rtol, atol)
               for n, r, g in zip(output_names, ref, got)]
   collectives = report.ParseCollectives(exe.hlo_text, input_names,
                                         output_names)
@@ -282,35 +283,12 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
 
 def ProgramSize(serialized_hlo):
   """Number of HLO instructions of a serialized HloModuleProto."""
-  module = hlo_pb2.HloModuleProto()
-  module.ParseFromString(serialized_hlo)
+  module = xla_runtime.ParseHloModule(serialized_hlo)
   return sum(len(c.instructions) for c in module.computations)
 
 
 def _Numpy(t):
   return t.numpy() if hasattr(t, 'numpy') else np.asarray(t)
-
-
-def NumericBatch(batch):
-  """The batch without string leaves (MtInput's `lang`, `src.strs`): an XLA
-  program takes numbers only and the loss never reads strings (as the
-  trainer's `step.NumericBatch`). Leaves are numpy arrays or tensors."""
-
-  def IsString(x):
-    if isinstance(x, tf.Tensor):
-      return x.dtype == tf.string
-    return isinstance(x, (str, bytes)) or (
-        isinstance(x, (np.ndarray, np.generic)) and x.dtype.kind in 'OSU')
-
-  def Keep(x):
-    if isinstance(x, dict):
-      return NestedMap({k: Keep(v) for k, v in x.items()
-                        if not IsString(v)})
-    if isinstance(x, (list, tuple)):
-      return type(x)(Keep(v) for v in x if not IsString(v))
-    return x
-
-  return Keep(_AsNestedMap(batch))
 
 
 def _BatchSplit(mesh):
@@ -335,7 +313,7 @@ def CheckTask(task, batch, mesh_shape, *, name=None, step=0,
     task: an instantiated BaseTask; its device_mesh (if any) must have
       prod(mesh_shape) devices.
     batch: NestedMap of numpy arrays / tensors; string leaves are dropped
-      (NumericBatch).
+      (base_input.NumericBatch).
     mesh_shape: as CheckFunction.
     name: for the report (default: the task's path).
     step: the `step` fprop kwarg (int64 scalar constant in the program);
@@ -368,7 +346,7 @@ def CheckTask(task, batch, mesh_shape, *, name=None, step=0,
                      per_example=per_example)
 
   inputs = NestedMap(theta=task.theta.Transform(_Numpy),
-                     batch=NumericBatch(batch).Transform(_Numpy))
+                     batch=base_input.NumericBatch(batch).Transform(_Numpy))
   return CheckFunction(Step, inputs, mesh_shape, name=name or task.path,
                        expect=expect, rtol=rtol, atol=atol,
                        compare=compare)

@@ -9,7 +9,7 @@ canonicalizer folds and deduplicates constants, so one constant ends up
 feeding manual ops and automatically partitioned ops alike. XLA's sharding
 propagation then gives it `{manual}` and spreads that into the automatic
 code: a gradient silently loses its all-reduce, or the compiler aborts with
-`Check failed: !IsManualLeaf()` (seen with the gather MoE dispatch).
+`Check failed: !IsManualLeaf()`.
 
 `RouteConstantsIntoManualRegions` rewrites the serialized HloModuleProto so
 that every non-manual operand of a fully manual instruction enters through
@@ -21,22 +21,22 @@ The program's values are unchanged. Regions that are manual on only some
 mesh axes (subgroup shardings) are left alone.
 """
 
-from tensorflow.compiler.xla import xla_data_pb2
-from tensorflow.compiler.xla.service import hlo_pb2
+from lingshard.spmd import xla_runtime
 
 _FULL_TO_SHARD = 'SPMDFullToShardShape'
 _SHARD_TO_FULL = 'SPMDShardToFullShape'
 
 
 def _IsFullyManual(sharding):
-  return sharding.type == xla_data_pb2.OpSharding.MANUAL
+  _, xla_data = xla_runtime.HloProtos()
+  return sharding.type == xla_data.OpSharding.MANUAL
 
 
 def _Target(instr):
   return instr.custom_call_target if instr.opcode == 'custom-call' else ''
 
 
-def _ManualFlags(comp):
+def ManualFlags(comp):
   """{id: True} for instructions of a fully manual region (dataflow)."""
   manual = {}
   for instr in comp.instructions:
@@ -52,12 +52,12 @@ def _ManualFlags(comp):
 
 def RouteConstantsIntoManualRegions(serialized_hlo):
   """HloModuleProto bytes -> bytes; see the module docstring."""
-  module = hlo_pb2.HloModuleProto()
-  module.ParseFromString(serialized_hlo)
+  hlo_protos, xla_data = xla_runtime.HloProtos()
+  module = xla_runtime.ParseHloModule(serialized_hlo)
   next_id = 1 + max((i.id for c in module.computations
                      for i in c.instructions), default=0)
   for comp in module.computations:
-    manual = _ManualFlags(comp)
+    manual = ManualFlags(comp)
     if not any(manual.values()):
       continue
     by_id = {i.id: i for i in comp.instructions}
@@ -73,11 +73,11 @@ def RouteConstantsIntoManualRegions(serialized_hlo):
           operand = by_id[operand_id]
           pair = []
           for target, sharding in (
-              ('Sharding', xla_data_pb2.OpSharding(
-                  type=xla_data_pb2.OpSharding.REPLICATED)),
-              (_FULL_TO_SHARD, xla_data_pb2.OpSharding(
-                  type=xla_data_pb2.OpSharding.MANUAL))):
-            call = hlo_pb2.HloInstructionProto(
+              ('Sharding', xla_data.OpSharding(
+                  type=xla_data.OpSharding.REPLICATED)),
+              (_FULL_TO_SHARD, xla_data.OpSharding(
+                  type=xla_data.OpSharding.MANUAL))):
+            call = hlo_protos.HloInstructionProto(
                 name=f'{operand.name}.to_manual{next_id}', opcode='custom-call',
                 id=next_id, custom_call_target=target)
             call.shape.CopyFrom(operand.shape)

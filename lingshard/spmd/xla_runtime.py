@@ -1,7 +1,8 @@
 """The standalone XLA runtime of the SPMD checker: jaxlib, and nothing else.
 
 This is the ONLY module in lingshard that touches jaxlib/jax internals
-(`jax._src...`). TensorFlow exports the HLO of a step; this module hands it
+(`jax._src...`) and TensorFlow's private XLA protos (`hlo_pb2`,
+`xla_data_pb2`, see `HloProtos`). TensorFlow exports the HLO of a step; this module hands it
 to XLA's SPMD partitioner (GShard §3.3) for N partitions, places the inputs
 on N virtual host CPU devices by the partitioner's parameter shardings, runs
 the program and reassembles the outputs. Private APIs are used as checked on
@@ -60,6 +61,8 @@ class _Jax:
       from jax._src import xla_bridge
       from jax._src.lib import _jax
       from jax._src.lib import xla_client
+      from tensorflow.compiler.xla import xla_data_pb2
+      from tensorflow.compiler.xla.service import hlo_pb2
       # pylint: enable=g-import-not-at-top
     except ImportError as e:
       raise JaxlibUnavailableError(
@@ -70,6 +73,8 @@ class _Jax:
     self.xla_bridge = xla_bridge
     self.hlo_to_stablehlo = _jax.mlir.hlo_to_stablehlo
     self.xla_client = xla_client
+    self.hlo_pb2 = hlo_pb2
+    self.xla_data_pb2 = xla_data_pb2
 
 
 @functools.cache
@@ -77,9 +82,29 @@ def _Load():
   return _Jax()
 
 
+def ClearCache():
+  """Forgets the loaded jax/jaxlib names: the next use imports and checks
+  them again (tests that hide jaxlib)."""
+  _Load.cache_clear()
+
+
 def JaxlibVersion():
   """The (checked) jaxlib version string."""
   return _Load().version
+
+
+def HloProtos():
+  """(hlo_pb2, xla_data_pb2): TensorFlow's private XLA proto modules, loaded
+  behind the same version check as jaxlib's internals."""
+  j = _Load()
+  return j.hlo_pb2, j.xla_data_pb2
+
+
+def ParseHloModule(serialized_hlo):
+  """The HloModuleProto of serialized bytes."""
+  module = HloProtos()[0].HloModuleProto()
+  module.ParseFromString(serialized_hlo)
+  return module
 
 
 def ConfigureCpuDevices(num_devices):

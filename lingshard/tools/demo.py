@@ -25,8 +25,8 @@ from lingshard import model_registry
 from lingshard.data import corpus_io
 from lingshard.data import splits
 from lingshard.data import vocab
+from lingshard.models import mt_decoder
 from lingshard.tools import cli
-from lingshard.train import decode_loop
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('model', 'm4.TinyMoE', 'Registered model key.',
@@ -54,7 +54,7 @@ def _Run(args, printer=print):
   subprocess.run(cmd, check=True, env=env)
 
 
-def _VocabPaths(model, data_dir):
+def VocabPaths(model, data_dir):
   """{'src_vocab': path, 'tgt_vocab': path}: the model's own vocabulary
   files (by name), taken from `data_dir`."""
   p = model_registry.GetParams(model, 'Train').input
@@ -75,7 +75,7 @@ def _Records(decode_dir):
       with open(os.path.join(decode_dir, f'{lang}.{ext}.txt'),
                 encoding='utf-8') as f:
         cols.append(f.read().split('\n')[:-1])
-    records += [decode_loop.Record(lang, s, h, r) for s, h, r in zip(*cols)]
+    records += [mt_decoder.Record(lang, s, h, r) for s, h, r in zip(*cols)]
   return records
 
 
@@ -110,7 +110,7 @@ def main(argv):
   del argv
   start = time.time()
   data_dir, logdir = FLAGS.data_dir, FLAGS.logdir
-  vocab_paths = _VocabPaths(FLAGS.model, data_dir)
+  vocab_paths = VocabPaths(FLAGS.model, data_dir)
   if not os.path.exists(os.path.join(data_dir, 'train.tsv')):
     _Run(['lingshard.data.prepare', '--out', data_dir])
   elif not all(os.path.exists(v) for v in vocab_paths.values()):
@@ -135,7 +135,7 @@ def main(argv):
     records = _Records(os.path.join(logdir, f'decode_{split}'))
     for subset, recs in (('all', records),
                          ('noph', _NophRecords(records, data_dir, split))):
-      rows.append((split, subset, decode_loop.ScoreByLanguage(recs)))
+      rows.append((split, subset, mt_decoder.ScoreByLanguage(recs)))
   print('\n== lingshard demo: BLEU / chrF (averaged over languages) vs '
         'copying the source ==')
   print(ScoreTable(rows))

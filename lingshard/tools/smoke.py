@@ -2,8 +2,9 @@
 
   python -m lingshard.tools.smoke --model=toy.FFRegression --steps=20
 
-Each step is `tf.function(step)(theta, batch)`: forward, backward and an
-Adam update of explicit theta.
+Each step is `tf.function(step)(batch)` on the batch without its string
+leaves (base_input.NumericBatch): forward, backward and a Keras Adam update
+of the task's variables.
 """
 
 import time
@@ -11,8 +12,9 @@ import time
 from absl import flags
 import tensorflow as tf
 
-from lingshard.tools import cli
+from lingshard import base_input
 from lingshard import model_registry
+from lingshard.tools import cli
 
 # Private flag values: tools can be imported together without clashes.
 FLAGS = flags.FlagValues()
@@ -42,7 +44,7 @@ def Run(model_key, steps, log_every=5, printer=print):
   losses = []
   start = time.time()
   for step in range(1, steps + 1):
-    losses.append(float(Step(next(batches))))
+    losses.append(float(Step(base_input.NumericBatch(next(batches)))))
     if step % log_every == 0 or step == 1 or step == steps:
       printer(f'step {step:4d}  loss {losses[-1]:.5f}')
   n = sum(v.shape.num_elements() for v in variables)

@@ -1,12 +1,13 @@
 """Evaluation: dev loss / log-perplexity overall and per language.
 
-The eval task is the train task's params with `is_inference=True`; it has
-no variables of its own: `FProp` runs on the training run's theta.
+The eval task is built from the task class's `InferenceParams` (the train
+task's params with `is_inference=True`, plus what a task adds); it has no
+variables of its own: `FProp` runs on the training run's theta, on the
+batch without its string leaves (base_input.NumericBatch).
 
-Seams with the M4 model and data (lingshard/models/mt_model.py,
-lingshard/data/inputs.py):
-- `batch.lang`: [B] language codes (strings). Batches without it are all
-  counted under language `all`.
+Seams with tasks and inputs:
+- `batch.lang`: [B] language codes (strings; MtInput has them). Batches
+  without it are all counted under language `all`.
 - per-example loss from `ComputeLoss`'s second output (`PerExampleLoss`):
   `nll` [B] (summed token NLL) with `num_tokens` [B] (what MT tasks
   return) gives per-language log-perplexity; else the only [B] tensor
@@ -21,6 +22,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from lingshard import base_input
 from lingshard.nested_map import NestedMap
 
 ALL = 'all'
@@ -57,7 +59,8 @@ class Evaluator:
     self._is_nll = False  # Set while tracing: which PerExampleLoss branch.
 
   def _FProp(self, theta, batch, step):
-    metrics, per_example = self.task.FProp(theta, batch, step=step)
+    metrics, per_example = self.task.FProp(
+        theta, base_input.NumericBatch(batch), step=step)
     loss, weight, self._is_nll = PerExampleLoss(per_example)
     metrics = NestedMap({k: (tf.cast(v, tf.float32), tf.cast(w, tf.float32))
                          for k, (v, w) in metrics.items()})

@@ -9,7 +9,9 @@ with the scheduled learning rate, and refuses the update (returns the inputs)
 when the loss, the gradients, the new weights or the new optimizer slots are
 not finite. Nothing in it reads or writes variables, so the same function is
 compiled whole by XLA (`jit=True`) on one device, run per replica under
-MirroredStrategy, and partitioned by SPMD on TPU.
+MirroredStrategy, and partitioned by SPMD on TPU. `TrainStep.__call__`
+compiles it alone; the training loop calls the uncompiled
+`TrainStep.Replica` inside its own single tf.function.
 
 `metrics` holds the task's metrics as (value, weight) pairs plus
 `learning_rate`, `grad_norm` (before clipping), `is_finite` (1.0 when the
@@ -20,6 +22,7 @@ update was applied, 0.0 when it was refused), `num_examples` and
 
 import tensorflow as tf
 
+from lingshard import base_input
 from lingshard.nested_map import NestedMap
 from lingshard.optim import base as optim_base
 from lingshard.optim import schedules
@@ -41,25 +44,15 @@ def CreateOptimizer(train_params):
   raise ValueError(f'Unknown optimizer {name!r}; one of {", ".join(OPTIMIZERS)}')
 
 
-def NumericBatch(batch):
-  """The batch without string leaves (e.g. MtInput's `lang`, `src.strs`):
-  XLA and TPUs take numbers only, and the loss never reads strings."""
-  return batch.Filter(lambda t: t.dtype != tf.string)
-
-
-def _NumReplicas():
-  ctx = tf.distribute.get_replica_context()
-  return 1 if ctx is None else ctx.num_replicas_in_sync
-
-
 class TrainStep:
   """The pure step of a task (see the module docstring).
 
   Args:
     task: a BaseTask; its `params.train` gives optimizer, schedule, clipping.
     jit: XLA-compile the step (`tf.function(jit_compile=True)`). With several
-      replicas the loss/gradient half and the update half are compiled
-      separately, with the cross-replica sum between them.
+      replicas (`Replica(..., jit_halves=True)`) the loss/gradient half and
+      the update half are XLA clusters of their own, with the cross-replica
+      sum between them.
     inject_nan_at_step: testing only: the loss of update number k (1-based)
       is made NaN, to exercise the non-finite guard.
   """
@@ -72,22 +65,30 @@ class TrainStep:
     schedules.LearningRate(tp.lr_schedule, tp.learning_rate, tp.warmup_steps,
                            0)  # Validates the schedule name now.
     self.inject_nan_at_step = inject_nan_at_step
-    self._whole = tf.function(self.Pure, jit_compile=jit)
-    self._grads = tf.function(self.LossAndGrads, jit_compile=jit)
-    self._update = tf.function(self.Update, jit_compile=jit)
+    self._compiled = tf.function(self.Pure, jit_compile=jit)
+    self._jit_grads = tf.function(self.LossAndGrads, jit_compile=True)
+    self._jit_update = tf.function(self.Update, jit_compile=True)
 
   def InitOptState(self, theta):
     """Initial optimizer state for theta (tensors shaped like the slots)."""
     return self.optimizer.InitState(theta)
 
   def __call__(self, theta, opt_state, batch, step):
-    """The compiled step; call it in a replica context (or none)."""
-    batch = NumericBatch(batch)
-    if _NumReplicas() == 1:
-      return self._whole(theta, opt_state, batch, step)
-    metrics, grads = self._grads(theta, batch, step)
+    """The step compiled as one tf.function, on one replica (string leaves
+    of `batch` dropped by base_input.NumericBatch)."""
+    return self._compiled(theta, opt_state, base_input.NumericBatch(batch),
+                          step)
+
+  def Replica(self, theta, opt_state, batch, step, jit_halves=False):
+    """The uncompiled step of one replica, for use inside the caller's
+    tf.function (`batch` already numeric). `jit_halves`: compile the
+    loss/gradient and update halves as XLA clusters (several replicas
+    cannot share one XLA program)."""
+    if not jit_halves:
+      return self.Pure(theta, opt_state, batch, step)
+    metrics, grads = self._jit_grads(theta, batch, step)
     metrics, grads = CrossReplicaMean(metrics, grads)
-    return self._update(theta, opt_state, grads, metrics, step)
+    return self._jit_update(theta, opt_state, grads, metrics, step)
 
   def Pure(self, theta, opt_state, batch, step):
     """The uncompiled step (what `__call__` compiles)."""
@@ -109,7 +110,7 @@ class TrainStep:
       bad = tf.equal(step + 1, self.inject_nan_at_step)
       loss, weight = out.loss
       out.loss = (tf.where(bad, tf.constant(float('nan')), loss), weight)
-    num_examples, num_tokens = _CountBatch(batch)
+    num_examples, num_tokens = CountBatch(batch)
     out.num_examples = (num_examples, tf.constant(1.0))
     out.num_tokens = (num_tokens, tf.constant(1.0))
     return out, grads
@@ -152,7 +153,7 @@ def _AllFinite(tensors):
   return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
 
 
-def _CountBatch(batch):
+def CountBatch(batch):
   """(examples, non-padding target tokens) of a batch, float32 scalars."""
   leaves = batch.Flatten()
   examples = tf.cast(tf.shape(leaves[0])[0], tf.float32) if leaves else 0.0

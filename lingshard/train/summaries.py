@@ -1,9 +1,10 @@
 """Observability: TensorBoard summaries, throughput and the progress line.
 
-Every metric a step returns is written under its own name: scalars as
-scalar summaries, vectors (e.g. an MoE layer's per-expert load) as a
-histogram plus one scalar per entry (`<name>/000`, ...), so both the shape of
-the load and each expert's curve are visible. Throughput (steps/s,
+Every metric a step returns is written under its own name (nested metric
+maps flatten with routing_metrics.FlattenMetrics, as the tasks' do):
+scalars as scalar summaries, vectors (e.g. an MoE layer's per-expert load)
+as a histogram plus one scalar per entry (`<name>/000`, ...), so both the
+shape of the load and each expert's curve are visible. Throughput (steps/s,
 examples/s, tokens/s) is measured on the host between two reports.
 
 Summaries are written with the core `tf.summary.write` op and TensorBoard's
@@ -17,6 +18,8 @@ import time
 import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
+
+from lingshard.layers import routing_metrics
 
 HISTOGRAM_BUCKETS = 30
 
@@ -129,8 +132,10 @@ class SummaryWriter:
     """Writes every metric (scalars, vectors as histograms) and `scalars`."""
     if self._writer is None:
       return
+    values = {name: value for name, (value, _) in metrics_np.items()}
     with self._writer.as_default():
-      for name, (value, _) in sorted(metrics_np.items()):
+      for name, value in routing_metrics.FlattenMetrics(values):
+        value = np.asarray(value)
         if value.size == 1:
           WriteScalar(name, value.reshape(()), step)
         else:

@@ -1,8 +1,9 @@
 """The training loop: state, the compiled step, checkpoints, summaries.
 
-One iteration: take the next global batch, split it over replicas, run the
-pure `TrainStep` per replica, assign theta' and the optimizer state to the
-variables, and count the update if it was finite. Then, on the host (one
+One iteration is one tf.function (`Trainer.run_step`): drop the batch's
+string leaves (base_input.NumericBatch), split it over replicas, run the
+pure `TrainStep.Replica` per replica, assign theta' and the optimizer state
+to the variables, and count the update if it was finite. Then, on the host (one
 read per step of [is_finite, examples, tokens]): stop on a non-finite step
 (`NonFiniteError`; the step left the variables unchanged and the last good
 checkpoint is kept), write summaries / the progress line / a checkpoint when
@@ -22,6 +23,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from lingshard import base_input
 from lingshard.train import checkpointer as checkpointer_lib
 from lingshard.train import state as state_lib
 from lingshard.train import step as step_lib
@@ -92,7 +94,11 @@ class Trainer:
         save_interval_secs=tp.save_interval_secs,
         is_chief=self._info.is_chief, worker_id=self._info.worker_id)
     self._writer = None  # Created after a successful Restore.
-    self._run_step = tf.function(self._RunStep)
+    # One tf.function per step. XLA compiles all of it on the default
+    # strategy; across replicas only the step's halves (jit_halves).
+    self._jit_whole = (self._info.jit_step and self._info.kind == 'default')
+    self._jit_halves = self._info.jit_step and not self._jit_whole
+    self.run_step = tf.function(self._RunStep, jit_compile=self._jit_whole)
 
   # ------------------------------------------------------------ the step
   def _RunStep(self, batch):
@@ -102,10 +108,11 @@ class Trainer:
 
     def Replica(local_batch):
       theta, opt_state = state.Values()
-      return self.train_step(theta, opt_state, local_batch,
-                             state.step.read_value())
+      return self.train_step.Replica(theta, opt_state, local_batch,
+                                     state.step.read_value(),
+                                     jit_halves=self._jit_halves)
 
-    batch = step_lib.NumericBatch(batch)
+    batch = base_input.NumericBatch(batch)
     new_theta, new_opt, metrics = strategy.run(
         Replica, args=(strategies.DistributeBatch(strategy, batch),))
     state.Assign(new_theta, new_opt)
@@ -155,7 +162,7 @@ class Trainer:
     if step >= max_steps:
       self._printer(f'step {step} >= max_steps {max_steps}: nothing to train')
     while step < max_steps:
-      metrics = self._run_step(next(self._iterator))
+      metrics = self.run_step(next(self._iterator))
       finite, examples, tokens = (float(x) for x in tf.stack([
           metrics.is_finite[0], metrics.num_examples[0],
           metrics.num_tokens[0]]).numpy())

@@ -14,7 +14,7 @@ from lingshard import base_input
 from lingshard.data import corpus_io
 from lingshard.data import inputs
 from lingshard.data import vocab
-from lingshard.train import decode_loop
+from lingshard.models import mt_decoder
 
 PREPARE = 'prepare the corpus with: python -m lingshard.data.prepare --out'
 
@@ -38,7 +38,7 @@ def test_missing_vocabulary_names_file_and_prepare_command_when_read(
   assert str(e.value) == (f'src_vocab not found: {model}; {PREPARE} '
                           f'{data_dir}')
   with pytest.raises(corpus_io.CorpusError) as e:
-    decode_loop.Detokenizer(model)
+    mt_decoder.Detokenizer(model)
   assert str(e.value) == (f'vocabulary not found: {model}; {PREPARE} '
                           f'{data_dir}')
 

@@ -57,7 +57,7 @@ def _CheckPaddingLayout(batch):
   np.testing.assert_array_equal(labels == 0, batch.tgt.paddings.numpy() == 1)
 
 
-def testInGraphTokenizationEqualsPythonSentencePiece(prepared_dir, tmp_path):
+def test_in_graph_tokenization_equals_python_sentence_piece(prepared_dir, tmp_path):
   rows = corpus_io.ReadTsv(os.path.join(prepared_dir, 'train.tsv'))
   # Characters the models never saw exercise byte fallback / <unk>.
   rows = rows + [('ja', 'Ω€ 😀 ŝ 你好', 'Unseen ŝ characters ☃')]
@@ -82,7 +82,7 @@ def testInGraphTokenizationEqualsPythonSentencePiece(prepared_dir, tmp_path):
     assert ex['tgt_labels'] == tokens + [vocab.EOS_ID]
 
 
-def testEn2xxPutsTheTargetLanguageTagFirst(prepared_dir):
+def test_en2xx_puts_the_target_language_tag_first(prepared_dir):
   p = _Params(prepared_dir, 'dev_unseen_en', direction='en2xx')
   multi = _Sp(prepared_dir, vocab.MULTI_MODEL)
   en = _Sp(prepared_dir, vocab.EN_MODEL)
@@ -95,7 +95,7 @@ def testEn2xxPutsTheTargetLanguageTagFirst(prepared_dir):
     assert ex['tgt_labels'] == multi.encode(source) + [vocab.EOS_ID]
 
 
-def testEn2xxUnknownLanguageTagIsAnError(prepared_dir, tmp_path):
+def test_en2xx_unknown_language_tag_is_an_error(prepared_dir, tmp_path):
   path = str(tmp_path / 'x.tsv')
   corpus_io.WriteTsv(path, [('tlh', 'Qapla', 'Success')])
   p = _Params(prepared_dir, 'dev_unseen_en', direction='en2xx',
@@ -104,7 +104,7 @@ def testEn2xxUnknownLanguageTagIsAnError(prepared_dir, tmp_path):
     p.Instantiate().GetDataset()
 
 
-def testTrainingBatchesHaveOnlyTheConfiguredStaticShapes(prepared_dir):
+def test_training_batches_have_only_the_configured_static_shapes(prepared_dir):
   p = _Params(prepared_dir, bucket_upper_bounds=[6, 12, 24],
               bucket_batch_limits=[8, 4, 2])
   allowed = {(8, 6), (4, 12), (2, 24)}
@@ -139,7 +139,7 @@ def _EmpiricalLangFrequencies(p, draws):
 
 
 @pytest.mark.parametrize('temperature', [1.0, 5.0, None])
-def testTemperatureSamplingFrequencies(prepared_dir, temperature):
+def test_temperature_sampling_frequencies(prepared_dir, temperature):
   p = _Params(prepared_dir, temperature=temperature)
   rows = corpus_io.ReadTsv(p.file_pattern)
   n = collections.Counter(r[0] for r in rows)
@@ -159,7 +159,7 @@ def testTemperatureSamplingFrequencies(prepared_dir, temperature):
       temperature is None)
 
 
-def testShufflingAndSamplingAreDeterministicFromTheSeed(prepared_dir):
+def test_shuffling_and_sampling_are_deterministic_from_the_seed(prepared_dir):
   def First(seed):
     p = _Params(prepared_dir, seed=seed)
     return [b.src.ids.numpy().tolist()
@@ -169,8 +169,8 @@ def testShufflingAndSamplingAreDeterministicFromTheSeed(prepared_dir):
   assert First(11) != First(12)
 
 
-def testHostShardingPartitionsTheRows(prepared_dir):
-  p = _Params(prepared_dir, 'train', is_eval=True)
+def test_host_sharding_partitions_the_rows(prepared_dir):
+  p = _Params(prepared_dir, 'train', is_inference=True)
   rows = corpus_io.ReadTsv(p.file_pattern)
   per_host = []
   for host in range(3):
@@ -194,8 +194,8 @@ def testHostShardingPartitionsTheRows(prepared_dir):
   assert {lang for lang, _ in sampled} == set(groups)
 
 
-def testEvalTruncatesButKeepsEveryExample(prepared_dir):
-  p = _Params(prepared_dir, 'train', is_eval=True,
+def test_eval_truncates_but_keeps_every_example(prepared_dir):
+  p = _Params(prepared_dir, 'train', is_inference=True,
               bucket_upper_bounds=[4, 8], bucket_batch_limits=[16, 8])
   rows = corpus_io.ReadTsv(p.file_pattern)
   got = []
@@ -215,7 +215,7 @@ def testEvalTruncatesButKeepsEveryExample(prepared_dir):
   assert truncated > 0
 
 
-def testMalformedLinesNameFileAndLine(prepared_dir, tmp_path):
+def test_malformed_lines_name_file_and_line(prepared_dir, tmp_path):
   path = tmp_path / 'bad.tsv'
   path.write_text('de\tJa\tYes\nfr\tOui\tYes\nfr\tNon only two fields\n',
                   encoding='utf-8')
@@ -229,7 +229,7 @@ def testMalformedLinesNameFileAndLine(prepared_dir, tmp_path):
     p.Instantiate().GetDataset()
 
 
-def testEmptyOrMissingCorpusIsAClearError(prepared_dir, tmp_path):
+def test_empty_or_missing_corpus_is_a_clear_error(prepared_dir, tmp_path):
   empty = tmp_path / 'empty.tsv'
   empty.write_text('', encoding='utf-8')
   p = _Params(prepared_dir, file_pattern=str(empty))
@@ -244,7 +244,7 @@ def testEmptyOrMissingCorpusIsAClearError(prepared_dir, tmp_path):
     p.Instantiate().GetDataset()
 
 
-def testParamsValidationAndTextRoundTrip(prepared_dir):
+def test_params_validation_and_text_round_trip(prepared_dir):
   p = _Params(prepared_dir)
   q = inputs.MtInput.Params()
   q.FromText(p.ToText())

@@ -35,14 +35,14 @@ def _ArabicReference(n):
     ('nplurals=2; plural=n > 1;', lambda n: int(n > 1)),
     ('nplurals=1; plural=0;', lambda n: 0),
 ])
-def testEvaluationMatchesReference(header, reference):
+def test_evaluation_matches_reference(header, reference):
   nplurals, fn = plural_forms.ParsePluralForms(header)
   for n in range(0, 300):
     assert fn(n) == reference(n), n
     assert 0 <= fn(n) < nplurals
 
 
-def testCPrecedenceAndTernaryAssociativity():
+def test_c_precedence_and_ternary_associativity():
   _, fn = plural_forms.ParsePluralForms(
       'nplurals=4; plural=n==1 ? 0 : n==2 ? 1 : 2 + 3 * (n % 2) - 2 * 1;')
   # The ternary nests to the right; * binds tighter than + and -.
@@ -51,7 +51,7 @@ def testCPrecedenceAndTernaryAssociativity():
   assert [fn(n) for n in (0, 1, 2)] == [1, 0, 1]
 
 
-def testFormRoles():
+def test_form_roles():
   assert plural_forms.FormRoles('nplurals=2; plural=(n != 1);') == {
       0: 'singular', 1: 'plural'}
   # French uses form 0 for 0 and 1: it pairs with the singular English.
@@ -76,12 +76,12 @@ def testFormRoles():
     'nplurals=2; plural=__import__("os").system("true");',
     'nplurals=2; plural=n ? 1;', 'nplurals=2; plural=x;',
 ])
-def testMalformedHeadersRaise(header):
+def test_malformed_headers_raise(header):
   with pytest.raises(plural_forms.PluralFormsError):
     plural_forms.FormRoles(header)
 
 
-def testFormOutsideNpluralsRaises():
+def test_form_outside_nplurals_raises():
   with pytest.raises(plural_forms.PluralFormsError, match='outside nplurals'):
     plural_forms.FormRoles('nplurals=2; plural=n == 1 ? 0 : 2;')
 

@@ -39,7 +39,7 @@ def _Files(root):
   return out
 
 
-def testPrepareIsByteForByteReproducible(fixture_wheel, prepared_dir,
+def test_prepare_is_byte_for_byte_reproducible(fixture_wheel, prepared_dir,
                                          tmp_path):
   again = str(tmp_path / 'again')
   prepare.Prepare([fixture_wheel], again, vocab_kwargs=VOCAB_KWARGS,
@@ -51,7 +51,7 @@ def testPrepareIsByteForByteReproducible(fixture_wheel, prepared_dir,
     assert first[name] == second[name], name
 
 
-def testFiltersOnFixture(prepared_dir):
+def test_filters_on_fixture(prepared_dir):
   rows = _Union(prepared_dir)
   langs = {r[0] for r in rows}
   assert langs == {'de', 'de_CH', 'es', 'fr', 'ja', 'ru'}  # No en, en_GB.
@@ -75,7 +75,7 @@ def testFiltersOnFixture(prepared_dir):
   assert ('de', 'Mai', 'May') in by_key and ('de', 'Darf', 'May') in by_key
 
 
-def testPluralForms(prepared_dir):
+def test_plural_forms(prepared_dir):
   rows = set(_Union(prepared_dir))
   one, many = '%(count)d item', '%(count)d items'
   assert {r for r in rows if r[0] == 'ru' and r[2] in (one, many)} == {
@@ -93,7 +93,7 @@ def testPluralForms(prepared_dir):
       ('ru', '%(num)s страницы удалены.', '%(num)s pages were deleted.')}
 
 
-def testPlaceholdersPreservedAndMatched(prepared_dir):
+def test_placeholders_preserved_and_matched(prepared_dir):
   rows = _Union(prepared_dir)
   with_placeholders = [r for r in rows if pair_filters.Placeholders(r[2])]
   assert len(with_placeholders) >= 10
@@ -104,7 +104,7 @@ def testPlaceholdersPreservedAndMatched(prepared_dir):
   assert ('de', '100%% abgeschlossen', '100%% complete') in rows
 
 
-def testHeldOutSplitsDoNotLeak(prepared_dir):
+def test_held_out_splits_do_not_leak(prepared_dir):
   rows = _AllRows(prepared_dir)
   for name in splits.ALL_SPLITS:
     assert rows[name], f'{name} is empty on the fixture'
@@ -120,7 +120,7 @@ def testHeldOutSplitsDoNotLeak(prepared_dir):
       assert lang not in {lg for lg, _, t in rows[splits.TRAIN] if t == target}
 
 
-def testNophSubsetsAndStatsTable(prepared_dir):
+def test_noph_subsets_and_stats_table(prepared_dir):
   stats_path = os.path.join(prepared_dir, corpus_io.STATS_FILE)
   with open(stats_path, encoding='utf-8') as f:
     table = [line.split('\t') for line in f.read().splitlines()]
@@ -148,7 +148,7 @@ def testNophSubsetsAndStatsTable(prepared_dir):
                                      'polyui-LICENSE'))
 
 
-def testCliRunsOfflineFromWheelFiles(fixture_wheel, tmp_path, capsys):
+def test_cli_runs_offline_from_wheel_files(fixture_wheel, tmp_path, capsys):
   out = str(tmp_path / 'cli')
   code = prepare.main(['--wheels', fixture_wheel, '--out', out, '--no_vocab',
                        '--max_chars', '150'])
@@ -158,7 +158,7 @@ def testCliRunsOfflineFromWheelFiles(fixture_wheel, tmp_path, capsys):
   assert not os.path.exists(os.path.join(out, 'vocab'))
 
 
-def testWheelWithoutCatalogsIsAClearError(tmp_path, capsys):
+def test_wheel_without_catalogs_is_a_clear_error(tmp_path, capsys):
   empty = str(tmp_path / 'empty-1.0-py3-none-any.whl')
   with zipfile.ZipFile(empty, 'w') as zf:
     zf.writestr('empty/__init__.py', '')
@@ -168,7 +168,7 @@ def testWheelWithoutCatalogsIsAClearError(tmp_path, capsys):
   assert 'no translation pairs' in capsys.readouterr().err
 
 
-def testCachedWheelsAreUsedWithoutNetworkAndVerified(tmp_path):
+def test_cached_wheels_are_used_without_network_and_verified(tmp_path):
   cache = tmp_path / 'cache'
   cache.mkdir()
   (cache / 'fake-1.0-py3-none-any.whl').write_bytes(b'wheel bytes')
@@ -186,13 +186,13 @@ def testCachedWheelsAreUsedWithoutNetworkAndVerified(tmp_path):
     wheels.EnsureWheels(str(cache), [missing], allow_download=False)
 
 
-def testPinsAreTheIssuePins():
+def test_pins_are_the_issue_pins():
   assert [(p.name, p.version) for p in wheels.PINS] == [
       ('django', '5.2.19'), ('wagtail', '8.0.1'),
       ('django-allauth', '65.21.1'), ('sphinx', '9.0.4')]
 
 
-def testLatin1CatalogWithoutPluralFormsHeader(tmp_path):
+def test_latin1_catalog_without_plural_forms_header(tmp_path):
   catalog = ('msgid ""\nmsgstr ""\n'
              '"Content-Type: text/plain; charset=ISO-8859-1\\n"\n\n'
              'msgid "Delete"\nmsgstr "Löschen"\n\n'

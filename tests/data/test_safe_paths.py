@@ -12,7 +12,7 @@ from lingshard.data import corpus_io
 from lingshard.data import inputs
 from lingshard.data import po_extract
 from lingshard.data import prepare
-from lingshard.train import decode_loop
+from lingshard.models import mt_decoder
 
 RULE = "letters, digits, '_', '@', '.', '-' only, no '..'"
 
@@ -90,16 +90,16 @@ def test_catalog_directory_that_is_not_a_language_code_is_an_error(tmp_path):
 
 def test_decode_outputs_never_leave_their_directory(tmp_path):
   out = tmp_path / 'logdir' / 'decode_dev'
-  records = [decode_loop.Record('de', 'Ja', 'Yes', 'Yes'),
-             decode_loop.Record('../../X', 'a', 'b', 'c')]
-  scores = decode_loop.ScoreByLanguage(records)
+  records = [mt_decoder.Record('de', 'Ja', 'Yes', 'Yes'),
+             mt_decoder.Record('../../X', 'a', 'b', 'c')]
+  scores = mt_decoder.ScoreByLanguage(records)
   with pytest.raises(ValueError) as e:
-    decode_loop.WriteOutputs(str(out), records, scores)
+    mt_decoder.WriteOutputs(str(out), records, scores)
   assert str(e.value) == (f"cannot write decode output for language "
                           f"'../../X' in {out}: language codes must use "
                           f"{RULE}")
   assert _AllFiles(tmp_path) == []
-  decode_loop.WriteOutputs(str(out), records[:1], scores)
+  mt_decoder.WriteOutputs(str(out), records[:1], scores)
   assert _AllFiles(tmp_path) == [
       os.path.join('logdir', 'decode_dev', f) for f in
       ('de.hyp.txt', 'de.ref.txt', 'de.src.txt', 'scores.json',

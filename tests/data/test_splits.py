@@ -64,7 +64,7 @@ def _CheckInvariants(pairs, result):
 
 @settings(max_examples=60, deadline=None, database=None)
 @given(_corpora, st.randoms(use_true_random=False))
-def testInvariantsAndOrderIndependence(corpus, rnd):
+def test_invariants_and_order_independence(corpus, rnd):
   pairs = _Pairs(corpus)
   result, _ = splits.SplitPairs(pairs, (0.2, 0.2), (0.2, 0.2))
   _CheckInvariants(pairs, result)
@@ -74,7 +74,7 @@ def testInvariantsAndOrderIndependence(corpus, rnd):
   assert again == result
 
 
-def testAllHeldOutKindsAppearAndDropsAreCounted():
+def test_all_held_out_kinds_appear_and_drops_are_counted():
   rnd = random.Random(0)
   pairs = []
   for i in range(200):
@@ -99,14 +99,14 @@ def testAllHeldOutKindsAppearAndDropsAreCounted():
   assert kept + dropped - moved == len(set(pairs))
 
 
-def testSaltChangesTheSplit():
+def test_salt_changes_the_split():
   pairs = [Pair('de', f'd{i}', f'e{i}') for i in range(300)]
   a, _ = splits.SplitPairs(pairs, (0.1, 0.1), (0.1, 0.1), salt='a')
   b, _ = splits.SplitPairs(pairs, (0.1, 0.1), (0.1, 0.1), salt='b')
   assert a[splits.DEV_UNSEEN] != b[splits.DEV_UNSEEN]
 
 
-def testHashUnitIsInUnitIntervalAndKeyed():
+def test_hash_unit_is_in_unit_interval_and_keyed():
   values = [splits.HashUnit('s', str(i)) for i in range(1000)]
   assert all(0.0 <= v < 1.0 for v in values)
   assert len(set(values)) == 1000

@@ -27,7 +27,7 @@ def _Expected(train_counts, temperature):
   return {lg: v / sum(w.values()) for lg, v in w.items()}
 
 
-def testCountsAndSamplingDistribution(prepared_dir, capsys):
+def test_counts_and_sampling_distribution(prepared_dir, capsys):
   assert stats.main([prepared_dir, '--temperature', '5']) == 0
   header, rows = _Table(capsys.readouterr().out)
   assert header == ['lang'] + list(splits.ALL_SPLITS) + ['p(T=1)', 'p(T=5)']
@@ -48,7 +48,7 @@ def testCountsAndSamplingDistribution(prepared_dir, capsys):
   assert [train[lg] for lg in order] == sorted(train.values(), reverse=True)
 
 
-def testInfiniteTemperatureIsUniform(prepared_dir, capsys):
+def test_infinite_temperature_is_uniform(prepared_dir, capsys):
   assert stats.main([prepared_dir, '--temperature', 'inf']) == 0
   out = capsys.readouterr().out
   header, rows = _Table(out)
@@ -59,14 +59,14 @@ def testInfiniteTemperatureIsUniform(prepared_dir, capsys):
   assert f'at T=inf: {len(langs)}.0' in out
 
 
-def testMissingCorpusIsAnError(tmp_path, capsys):
+def test_missing_corpus_is_an_error(tmp_path, capsys):
   assert stats.main([str(tmp_path)]) == 1
   err = capsys.readouterr().err
   assert 'corpus file not found' in err
   assert os.path.join(str(tmp_path), 'train.tsv') in err
 
 
-def testBadTemperatureIsAnError(prepared_dir, capsys):
+def test_bad_temperature_is_an_error(prepared_dir, capsys):
   assert stats.main([prepared_dir, '--temperature', '0']) == 1
   assert 'temperature must be > 0' in capsys.readouterr().err
 
@@ -81,7 +81,7 @@ def _CopyCorpus(prepared_dir, tmp_path):
   return str(tmp_path)
 
 
-def testEmptyEvaluationSplitCountsZero(prepared_dir, tmp_path, capsys):
+def test_empty_evaluation_split_counts_zero(prepared_dir, tmp_path, capsys):
   # prepare writes an evaluation split with no pairs for a corpus without
   # any (e.g. no string unseen in English): stats reports zeros for it.
   data_dir = _CopyCorpus(prepared_dir, tmp_path)
@@ -93,7 +93,7 @@ def testEmptyEvaluationSplitCountsZero(prepared_dir, tmp_path, capsys):
   assert int(rows['ALL'][0]) > 0
 
 
-def testEmptyTrainingSplitIsAnError(prepared_dir, tmp_path, capsys):
+def test_empty_training_split_is_an_error(prepared_dir, tmp_path, capsys):
   data_dir = _CopyCorpus(prepared_dir, tmp_path)
   train = corpus_io.SplitPath(data_dir, splits.TRAIN)
   open(train, 'w').close()

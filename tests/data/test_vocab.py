@@ -17,7 +17,7 @@ def _Load(prepared_dir, name):
       model_file=os.path.join(prepared_dir, vocab.VOCAB_DIR, name))
 
 
-def testSpecialIdsAndLanguageTags(prepared_dir):
+def test_special_ids_and_language_tags(prepared_dir):
   train = corpus_io.ReadTsv(os.path.join(prepared_dir, 'train.tsv'))
   langs = sorted({r[0] for r in train})
   for name in (vocab.MULTI_MODEL, vocab.EN_MODEL, vocab.SHARED_MODEL):
@@ -38,7 +38,7 @@ def _Nfkc(text):
   return unicodedata.normalize('NFKC', text)
 
 
-def testModelsRoundTripTheirTrainingText(prepared_dir):
+def test_models_round_trip_their_training_text(prepared_dir):
   train = corpus_io.ReadTsv(os.path.join(prepared_dir, 'train.tsv'))
   multi = _Load(prepared_dir, vocab.MULTI_MODEL)
   en = _Load(prepared_dir, vocab.EN_MODEL)
@@ -57,7 +57,7 @@ def testModelsRoundTripTheirTrainingText(prepared_dir):
     assert sp.decode(ids) == unseen
 
 
-def testParamsFileRecordsTheTraining(prepared_dir):
+def test_params_file_records_the_training(prepared_dir):
   path = os.path.join(prepared_dir, vocab.VOCAB_DIR, vocab.PARAMS_FILE)
   with open(path, encoding='utf-8') as f:
     saved = json.load(f)
@@ -74,7 +74,7 @@ def testParamsFileRecordsTheTraining(prepared_dir):
   assert saved['en']['trainer_options']['num_threads'] == 1
 
 
-def testTrainingIsDeterministicAndValidated():
+def test_training_is_deterministic_and_validated():
   rnd = random.Random(0)
   words = [''.join(rnd.choice('abcdefghijklmnop') for _ in range(5))
            for _ in range(200)]
@@ -91,6 +91,6 @@ def testTrainingIsDeterministicAndValidated():
     vocab.TrainModel(sentences, vocab.TrainerOptions(5, 1.0, False))
 
 
-def testCliOnMissingCorpus(tmp_path, capsys):
+def test_cli_on_missing_corpus(tmp_path, capsys):
   assert vocab.main([str(tmp_path)]) == 1
   assert 'corpus file not found' in capsys.readouterr().err

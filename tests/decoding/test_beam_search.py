@@ -118,13 +118,13 @@ def HandSetToy():
   return toy
 
 
-def testLengthNormIsGnmtFormula():
+def test_length_norm_is_gnmt_formula():
   got = beam_search.LengthNorm(tf.constant([1, 7]), 0.6).numpy()
   np.testing.assert_allclose(got, [(6 / 6)**0.6, (12 / 6)**0.6], rtol=1e-6)
 
 
 @pytest.mark.parametrize('kind', ['standard', 'flat'])
-def testBeamFindsBestSequenceGreedyMisses(kind):
+def test_beam_finds_best_sequence_greedy_misses(kind):
   toy = HandSetToy()
   out = RunSearch(toy, kind, beam=2, alpha=0.0)
   assert Tokens(out.ids[0], out.lengths[0]) == [3, 2]
@@ -139,7 +139,7 @@ def testBeamFindsBestSequenceGreedyMisses(kind):
 
 @pytest.mark.parametrize('seed', [0, 1, 2])
 @pytest.mark.parametrize('alpha', [0.0, 1.5])
-def testExhaustiveBeamEqualsBruteForce(seed, alpha):
+def test_exhaustive_beam_equals_brute_force(seed, alpha):
   toy = RandomToy(seed)
   ref = toy.BruteForce(alpha)
   # k = 8 >= (V-1)^(L-1) alive prefixes: nothing is ever pruned.
@@ -150,7 +150,7 @@ def testExhaustiveBeamEqualsBruteForce(seed, alpha):
       np.testing.assert_allclose(out.topk_scores[0, j], ref[j][0], rtol=1e-5)
 
 
-def testLengthNormChangesTheWinner():
+def test_length_norm_changes_the_winner():
   # [EOS] has logp -1.0; [0, 0, EOS] has logp -1.2 (lp(3) = 4/3 at alpha 1).
   v, max_len = 3, 3
   toy = ToyModel(np.full([sum(v**t for t in range(max_len)), v], -30.0), v,
@@ -166,7 +166,7 @@ def testLengthNormChangesTheWinner():
 
 
 @pytest.mark.parametrize('alpha', [0.0, 0.6])
-def testFlatBeamEqualsStandardBeamWhenPruning(alpha):
+def test_flat_beam_equals_standard_beam_when_pruning(alpha):
   toy = RandomToy(7, vocab=4, max_len=5)
   a = RunSearch(toy, 'standard', beam=3, alpha=alpha, batch=2)
   b = RunSearch(toy, 'flat', beam=3, alpha=alpha, batch=2)
@@ -181,7 +181,7 @@ def testFlatBeamEqualsStandardBeamWhenPruning(alpha):
       a.scores[0], logp / ((5.0 + len(best)) / 6.0)**alpha, rtol=1e-5)
 
 
-def testGreedyStopsAtEosAndPads():
+def test_greedy_stops_at_eos_and_pads():
   toy = HandSetToy()
   g = greedy.GreedySearch(toy.StandardStep,
                           NestedMap(fed=tf.zeros([1, toy.l], tf.int32)), 1,
@@ -194,7 +194,7 @@ def testGreedyStopsAtEosAndPads():
   assert int(g.lengths[0]) == 3
 
 
-def testSearchRunsInsideTfFunction():
+def test_search_runs_inside_tf_function():
   toy = RandomToy(3)
 
   @tf.function
@@ -204,6 +204,6 @@ def testSearchRunsInsideTfFunction():
   assert Run().shape == (2, toy.l)
 
 
-def testBadArgs():
+def test_bad_args():
   with pytest.raises(ValueError, match='beam_size and max_len must be >= 1'):
     beam_search.BeamSearch(None, None, 1, 0, 3, SOS, EOS)

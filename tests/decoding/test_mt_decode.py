@@ -15,7 +15,7 @@ def _Tasks(use_moe):
   """(training task, decoding task sharing its theta)."""
   p = mt_testlib.TinyParams(use_moe=use_moe, residual_dropout_prob=0.1)
   train = p.Instantiate()
-  return train, mt_model.InferenceParams(p).Instantiate()
+  return train, mt_model.TransformerMTModel.InferenceParams(p).Instantiate()
 
 
 def _FullLogProbs(task, theta, batch):
@@ -24,7 +24,7 @@ def _FullLogProbs(task, theta, batch):
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testIncrementalStepsEqualFullForward(use_moe):
+def test_incremental_steps_equal_full_forward(use_moe):
   train, task = _Tasks(use_moe)
   theta = train.theta
   batch = mt_testlib.SyntheticBatch(task.params, tgt_len=5,
@@ -39,7 +39,7 @@ def testIncrementalStepsEqualFullForward(use_moe):
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testFlatStepsEqualFullForwardPerHypothesis(use_moe):
+def test_flat_steps_equal_full_forward_per_hypothesis(use_moe):
   # k = 3 hypotheses per sentence follow 3 different target sequences;
   # each attends only to its own tokens in the interleaved flat sequence.
   train, task = _Tasks(use_moe)
@@ -67,7 +67,7 @@ def testFlatStepsEqualFullForwardPerHypothesis(use_moe):
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testFlatBeamEqualsStandardBeam(use_moe):
+def test_flat_beam_equals_standard_beam(use_moe):
   train, task = _Tasks(use_moe)
   batch = mt_testlib.SyntheticBatch(task.params, batch_size=3)
   out = {}
@@ -81,7 +81,7 @@ def testFlatBeamEqualsStandardBeam(use_moe):
                              rtol=1e-4)
 
 
-def testBeamScoresAreLengthNormalisedLogProbs():
+def test_beam_scores_are_length_normalised_log_probs():
   train, task = _Tasks(False)
   batch = mt_testlib.SyntheticBatch(task.params, batch_size=2)
   out = task.Decode(train.theta, batch.src.ids, batch.src.paddings,
@@ -102,7 +102,7 @@ def testBeamScoresAreLengthNormalisedLogProbs():
                                rtol=1e-4)
 
 
-def testGreedyIsArgmaxOfItsOwnPrefix():
+def test_greedy_is_argmax_of_its_own_prefix():
   train, task = _Tasks(True)
   batch = mt_testlib.SyntheticBatch(task.params, batch_size=2)
 
@@ -127,10 +127,10 @@ def testGreedyIsArgmaxOfItsOwnPrefix():
         rtol=1e-4)
 
 
-def testMoEDecodesWithoutDrops():
+def test_moe_decodes_without_drops():
   _, task = _Tasks(True)
   moe = task.dec.layer[1].moe
-  assert moe.do_eval
+  assert moe.params.is_inference
   for tokens in (1, 3, 12, 40):
     g, s = moe.GroupShape(tokens)
     assert (g, s) == (tokens, 1) and moe.Capacity(s) >= s
@@ -142,7 +142,7 @@ def testMoEDecodesWithoutDrops():
     assert float(metrics[f'{key}_over_capacity_second'][0]) == 0.0
 
 
-def testDecodeNeedsAnInferenceTask():
+def test_decode_needs_an_inference_task():
   train, _ = _Tasks(False)
   batch = mt_testlib.SyntheticBatch(train.params)
   with pytest.raises(ValueError, match='Decode needs a task built with '

@@ -33,7 +33,7 @@ def _Inputs(b=2, t=5, s=4, m=8, seed=0):
           rng.normal(size=[b, s, m]).astype(np.float32))
 
 
-def testCrossAttentionWithPaddingMatchesNumpy():
+def test_cross_attention_with_padding_matches_numpy():
   layer = _Layer()
   q, k = _Inputs()
   paddings = np.array([[0, 0, 0, 1], [0, 0, 1, 1]], np.float32)
@@ -44,7 +44,7 @@ def testCrossAttentionWithPaddingMatchesNumpy():
                                                        keep), atol=1e-5)
 
 
-def testCausalSelfAttentionMatchesNumpyAndIgnoresTheFuture():
+def test_causal_self_attention_matches_numpy_and_ignores_the_future():
   layer = _Layer()
   q, _ = _Inputs()
   got = layer.FProp(layer.theta, q, causal=True).numpy()
@@ -58,7 +58,7 @@ def testCausalSelfAttentionMatchesNumpyAndIgnoresTheFuture():
   assert np.abs(got2[:, 3:] - got[:, 3:]).max() > 1e-3
 
 
-def testPaddedKeysDoNotMatter():
+def test_padded_keys_do_not_matter():
   layer = _Layer()
   q, k = _Inputs()
   paddings = np.array([[0, 0, 1, 1]] * 2, np.float32)
@@ -69,7 +69,7 @@ def testPaddedKeysDoNotMatter():
   np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def testExtendStepEqualsCausalFProp():
+def test_extend_step_equals_causal_fprop():
   layer = _Layer()
   x, _ = _Inputs(t=6)
   full = layer.FProp(layer.theta, x, causal=True).numpy()
@@ -82,7 +82,7 @@ def testExtendStepEqualsCausalFProp():
     np.testing.assert_allclose(out.numpy()[:, 0], full[:, t], atol=1e-5)
 
 
-def testExtendStepWritesSeveralPositions():
+def test_extend_step_writes_several_positions():
   layer = _Layer()
   x, _ = _Inputs(t=4)
   cache = layer.InitCache(2, 8)
@@ -99,7 +99,7 @@ def testExtendStepWritesSeveralPositions():
   np.testing.assert_allclose(out.numpy()[:, :1], alone, atol=1e-5)
 
 
-def testAttentionDropoutOnlyInTraining():
+def test_attention_dropout_only_in_training():
   x, _ = _Inputs()
   train = _Layer(atten_dropout_prob=0.5)
   a = train.FProp(train.theta, x, step=1).numpy()
@@ -112,7 +112,7 @@ def testAttentionDropoutOnlyInTraining():
       c, _Layer().FProp(train.theta, x).numpy(), atol=1e-6)
 
 
-def testErrors():
+def test_errors():
   with pytest.raises(ValueError, match='must be > 0'):
     _Layer(num_heads=0)
   layer = _Layer()

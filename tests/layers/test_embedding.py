@@ -11,7 +11,7 @@ def _Layer(**kw):
       name='emb', vocab_size=7, embedding_dim=4, **kw).Instantiate()
 
 
-def testLookupIsScaledTableRows():
+def test_lookup_is_scaled_table_rows():
   layer = _Layer()
   ids = np.array([[0, 6, 3], [3, 3, 1]], np.int32)
   table = layer.theta.emb.numpy()
@@ -22,7 +22,7 @@ def testLookupIsScaledTableRows():
                              table[ids], rtol=1e-6)
 
 
-def testLogitsUseTheSameTable():
+def test_logits_use_the_same_table():
   layer = _Layer()
   x = np.random.RandomState(0).normal(size=[2, 3, 4]).astype(np.float32)
   np.testing.assert_allclose(layer.Logits(layer.theta, x).numpy(),
@@ -30,12 +30,12 @@ def testLogitsUseTheSameTable():
                              atol=1e-6)
 
 
-def testWeightIsReplicatedByDefault():
+def test_weight_is_replicated_by_default():
   wp = _Layer().DeclaredWeights().emb
   assert wp.shape == [7, 4] and wp.tensor_split_dims_mapping == [-1, -1]
 
 
-def testBadDims():
+def test_bad_dims():
   with pytest.raises(ValueError, match='vocab_size and embedding_dim must be'):
     embedding.EmbeddingLayer.Params().Set(vocab_size=0,
                                           embedding_dim=4).Instantiate()

@@ -3,6 +3,7 @@
 import numpy as np
 
 from lingshard.layers import ffn
+from lingshard.nested_map import NestedMap
 
 
 def _Layer(**kw):
@@ -10,27 +11,30 @@ def _Layer(**kw):
                                       **kw).Instantiate()
 
 
-def testMatchesNumpy():
+def test_matches_numpy():
   layer = _Layer()
   t = layer.theta.Transform(lambda v: v.numpy())
   t.fc_in.b = np.linspace(-1, 1, 6).astype(np.float32)
   t.fc_out.b = np.ones(4, np.float32)
   x = np.random.RandomState(0).normal(size=[2, 3, 4]).astype(np.float32)
   want = np.maximum(x @ t.fc_in.w + t.fc_in.b, 0) @ t.fc_out.w + t.fc_out.b
-  np.testing.assert_allclose(layer.FProp(t, x).numpy(), want, atol=1e-5)
+  y, aux = layer.FProp(t, x, np.zeros([2, 3], np.float32))
+  np.testing.assert_allclose(y.numpy(), want, atol=1e-5)
+  assert aux == NestedMap()  # The FFN contract: a dense FFN adds no aux.
 
 
-def testHiddenDropout():
+def test_hidden_dropout():
   x = np.random.RandomState(0).normal(size=[2, 3, 4]).astype(np.float32)
   drop = _Layer(activation_dropout_prob=0.5)
-  a, b = (drop.FProp(drop.theta, x, step=s).numpy() for s in (1, 2))
+  a, b = (drop.FProp(drop.theta, x, step=s)[0].numpy() for s in (1, 2))
   assert np.abs(a - b).max() > 1e-3
   infer = _Layer(activation_dropout_prob=0.5, is_inference=True)
-  np.testing.assert_allclose(infer.FProp(drop.theta, x, step=1).numpy(),
-                             _Layer().FProp(drop.theta, x).numpy(), atol=1e-6)
+  np.testing.assert_allclose(infer.FProp(drop.theta, x, step=1)[0].numpy(),
+                             _Layer().FProp(drop.theta, x)[0].numpy(),
+                             atol=1e-6)
 
 
-def testWeightsReplicatedActivationsBatchSplit():
+def test_weights_replicated_activations_batch_split():
   layer = _Layer()
   w = layer.DeclaredWeights()
   assert w.fc_in.w.tensor_split_dims_mapping == [-1, -1]

@@ -80,12 +80,13 @@ def _Inputs(g=3, s=40, e=5, seed=0, pad_frac=0.2, skew=1.5):
 
 
 def _Run(logits, nonpad, capacity, **kw):
-  r = gating.Top2Gating(tf.constant(logits), tf.constant(nonpad), capacity,
-                        **kw)
+  """(routing, aux, combine, dispatch) of Top2Gating."""
+  r, aux, _ = gating.Top2Gating(tf.constant(logits), tf.constant(nonpad),
+                                capacity, **kw)
   e = logits.shape[-1]
   combine = moe_dispatch.CombineWeightsGSEC(r, e, capacity).numpy()
   dispatch = moe_dispatch.DispatchMaskGSEC(r, e, capacity).numpy()
-  return r, combine, dispatch
+  return r, aux, combine, dispatch
 
 
 @pytest.mark.parametrize('policy,takes_slot,renorm', [
@@ -98,7 +99,7 @@ def _Run(logits, nonpad, capacity, **kw):
 def test_matches_per_token_algorithm1(policy, takes_slot, renorm):
   logits, nonpad, rnd, gumbel = _Inputs()
   capacity = 6
-  r, combine, dispatch = _Run(
+  r, aux_loss, combine, dispatch = _Run(
       logits, nonpad, capacity, second_expert_policy=policy,
       uniform_gs=tf.constant(rnd), gumbel_gse=tf.constant(gumbel),
       rejected_second_takes_slot=takes_slot, renormalize_after_drop=renorm)
@@ -109,7 +110,7 @@ def test_matches_per_token_algorithm1(policy, takes_slot, renorm):
     auxes.append(aux)
     np.testing.assert_array_equal(dispatch[g] != 0, ref != 0)
     np.testing.assert_allclose(combine[g], ref, rtol=1e-6, atol=1e-7)
-  np.testing.assert_allclose(r.aux_loss.numpy(), np.mean(auxes), rtol=1e-6)
+  np.testing.assert_allclose(aux_loss.numpy(), np.mean(auxes), rtol=1e-6)
   # The inputs exercise drops of both choices and, for random, rejections.
   dropped = (r.wanted_gsk.numpy() & ~r.dispatched_gsk.numpy())
   assert dropped[..., 0].any() and dropped[..., 1].any()
@@ -123,7 +124,7 @@ def test_second_choices_queue_after_all_first_choices():
   # though it comes after the others in token order.
   logits = np.tile(np.array([[3.0, 2.0, 0.0]], np.float32), [6, 1])
   logits[-1] = [2.0, 3.0, 0.0]
-  r, combine, _ = _Run(logits[None], np.ones([1, 6], np.float32), 8)
+  r, _, combine, _ = _Run(logits[None], np.ones([1, 6], np.float32), 8)
   pos = r.position_gsk.numpy()[0]
   assert pos[-1, 0] == 0                    # First choice, expert 1.
   np.testing.assert_array_equal(pos[:5, 1], [1, 2, 3, 4, 5])  # Seconds.
@@ -132,7 +133,8 @@ def test_second_choices_queue_after_all_first_choices():
 
 def test_capacity_overflow_both_choices_full_gives_zero_weights():
   logits = np.tile(np.array([[4.0, 3.0, 0.0, 0.0]], np.float32), [8, 1])
-  r, combine, dispatch = _Run(logits[None], np.ones([1, 8], np.float32), 2)
+  r, _, combine, dispatch = _Run(logits[None], np.ones([1, 8], np.float32),
+                                 2)
   per_token = combine[0].sum(axis=(1, 2))
   # Tokens 0, 1: both experts; tokens 2..7: expert 0 full (first choices),
   # expert 1's 2 slots went to the seconds of tokens 0, 1.
@@ -144,23 +146,22 @@ def test_capacity_overflow_both_choices_full_gives_zero_weights():
 
 def test_paddings_never_dispatched_and_not_counted():
   logits, nonpad, _, _ = _Inputs(seed=3)
-  r, combine, _ = _Run(logits, nonpad, 4)
+  r, aux, combine, _ = _Run(logits, nonpad, 4)
   pad = nonpad == 0
   assert not r.dispatched_gsk.numpy()[pad].any()
   np.testing.assert_array_equal(combine[pad], 0.0)
   # Changing padded logits changes neither the routing nor the aux loss.
   logits2 = logits.copy()
   logits2[pad] = 100.0 * np.random.RandomState(9).normal(size=[pad.sum(), 5])
-  r2, combine2, _ = _Run(logits2, nonpad, 4)
+  _, aux2, combine2, _ = _Run(logits2, nonpad, 4)
   np.testing.assert_array_equal(combine2, combine)
-  np.testing.assert_allclose(r2.aux_loss.numpy(), r.aux_loss.numpy(),
-                             rtol=1e-6)
+  np.testing.assert_allclose(aux2.numpy(), aux.numpy(), rtol=1e-6)
   # An all-padding group does not count in the mean over groups.
   nonpad3 = nonpad.copy()
   nonpad3[1] = 0
-  r3, _, _ = _Run(logits, nonpad3, 4)
+  _, aux3, _, _ = _Run(logits, nonpad3, 4)
   ref = np.mean([Algorithm1(logits[g], nonpad3[g], 4)[1] for g in (0, 2)])
-  np.testing.assert_allclose(r3.aux_loss.numpy(), ref, rtol=1e-6)
+  np.testing.assert_allclose(aux3.numpy(), ref, rtol=1e-6)
 
 
 def _UniformLogits(s, e):
@@ -172,20 +173,20 @@ def _UniformLogits(s, e):
 def test_aux_loss_scale_uniform_is_one_collapsed_is_larger():
   e, s = 8, 64
   uniform = _UniformLogits(s, e)[None]
-  r, _, _ = _Run(uniform, np.ones([1, s], np.float32), 16)
-  np.testing.assert_allclose(r.aux_loss.numpy(), 1.0, rtol=1e-6)
+  _, aux, _, _ = _Run(uniform, np.ones([1, s], np.float32), 16)
+  np.testing.assert_allclose(aux.numpy(), 1.0, rtol=1e-6)
   collapsed = np.zeros([1, s, e], np.float32)
   collapsed[..., 3] = 20.0
-  r, _, _ = _Run(collapsed, np.ones([1, s], np.float32), 16)
-  np.testing.assert_allclose(r.aux_loss.numpy(), e, rtol=1e-5)
+  _, aux, _, _ = _Run(collapsed, np.ones([1, s], np.float32), 16)
+  np.testing.assert_allclose(aux.numpy(), e, rtol=1e-5)
 
 
 def test_aux_loss_gradient_reaches_logits():
   logits = tf.constant(_Inputs()[0])
   with tf.GradientTape() as tape:
     tape.watch(logits)
-    r = gating.Top2Gating(logits, tf.ones(logits.shape[:2]), 4)
-    loss = r.aux_loss + tf.reduce_sum(r.weight_gsk)
+    r, aux, _ = gating.Top2Gating(logits, tf.ones(logits.shape[:2]), 4)
+    loss = aux + tf.reduce_sum(r.weight_gsk)
   grad = tape.gradient(loss, logits).numpy()
   assert np.abs(grad).max() > 1e-4
 
@@ -213,8 +214,8 @@ def test_sampling_policy_draws_second_expert_from_remaining_gates():
   logits = np.tile(np.array([[2.0, 1.0, 0.5, -0.5]], np.float32), [n, 1])
   gumbel = routing_rng.TokenGumbel(5, routing_rng.STREAM_GUMBEL, 0,
                                    tf.range(n, dtype=tf.int64), 4)
-  r = gating.Top2Gating(tf.constant(logits[None]), tf.ones([1, n]), n,
-                        'sampling', gumbel_gse=gumbel[None])
+  r, _, _ = gating.Top2Gating(tf.constant(logits[None]), tf.ones([1, n]), n,
+                              'sampling', gumbel_gse=gumbel[None])
   e2 = r.expert_gsk.numpy()[0, :, 1]
   g = _Softmax(logits[0])
   freq = np.bincount(e2, minlength=4) / n
@@ -230,7 +231,8 @@ def test_layer_routing_matches_algorithm1_with_the_layers_draws():
   p = moe.MoELayer.Params().Set(name='moe', input_dim=m, hidden_dim=8,
                                 num_experts=e, num_groups=2,
                                 expert_capacity=5,
-                                second_expert_policy='random')
+                                second_expert_policy='random',
+                                aux_loss_weight=1.0)
   layer = p.Instantiate()
   rng = np.random.RandomState(4)
   x = rng.normal(size=[b, t, m]).astype(np.float32)

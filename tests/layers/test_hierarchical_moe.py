@@ -154,7 +154,7 @@ def test_importance_load_output_match_eqs_12_to_14(kind, k1, k2):
 
 
 def test_top2_kind_aux_is_primary_plus_mean_secondary_gshard_aux():
-  layer = _Layer('top2')
+  layer = _Layer('top2', aux_loss_weight=1.0)
   x, pad = _Batch(seed=1)
   _, aux = layer.FProp(layer.theta, tf.constant(x), tf.constant(pad))
   th = layer.theta

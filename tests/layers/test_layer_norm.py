@@ -5,7 +5,7 @@ import numpy as np
 from lingshard.layers import layer_norm
 
 
-def testMatchesNumpyWithScaleAndBias():
+def test_matches_numpy_with_scale_and_bias():
   layer = layer_norm.LayerNorm.Params().Set(name='ln', input_dim=5,
                                             epsilon=1e-6).Instantiate()
   theta = layer.theta.Transform(lambda v: v.numpy())
@@ -17,7 +17,7 @@ def testMatchesNumpyWithScaleAndBias():
   np.testing.assert_allclose(layer.FProp(theta, x).numpy(), want, atol=1e-5)
 
 
-def testInitialIsStandardised():
+def test_initial_is_standardised():
   layer = layer_norm.LayerNorm.Params().Set(name='ln',
                                             input_dim=16).Instantiate()
   x = np.random.RandomState(1).normal(3.0, 5.0, size=[4, 16]).astype(

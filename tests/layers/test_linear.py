@@ -17,7 +17,7 @@ def _Layer(**kw):
 
 
 @pytest.mark.parametrize('shape', [(4, 5), (3, 4, 5), (2, 3, 4, 5)])
-def testMatchesNumpyForAnyLeadingDims(shape):
+def test_matches_numpy_for_any_leading_dims(shape):
   layer = _Layer(activation='relu')
   x = np.random.RandomState(0).randn(*shape).astype(np.float32)
   w, b = layer.theta.w.numpy(), layer.theta.b.numpy()
@@ -29,7 +29,7 @@ def testMatchesNumpyForAnyLeadingDims(shape):
                              atol=1e-6)
 
 
-def testWeightGradientIsTheSumOverTokens():
+def test_weight_gradient_is_the_sum_over_tokens():
   layer = _Layer()
   rng = np.random.RandomState(1)
   x = rng.randn(3, 4, 5).astype(np.float32)
@@ -44,7 +44,7 @@ def testWeightGradientIsTheSumOverTokens():
   np.testing.assert_allclose(dw, want, rtol=1e-5, atol=1e-5)
 
 
-def testCompiledGradientHasNoPerTokenOuterProduct():
+def test_compiled_gradient_has_no_per_token_outer_product():
   # TF's einsum gradient for '...m,mh->...h' built dw as [B, T, M, H] and
   # summed it: the Tiny M4 step ran 6x slower. Guard against its return.
   p = linear.LinearLayer.Params().Set(name='fc', input_dim=24, output_dim=40)
@@ -68,7 +68,7 @@ def testCompiledGradientHasNoPerTokenOuterProduct():
                              rtol=1e-4)
 
 
-def testUnknownActivation():
+def test_unknown_activation():
   with pytest.raises(ValueError, match=r"Unknown activation 'swish'; one of "
                      r'gelu, none, relu, sigmoid, silu, tanh'):
     _Layer(activation='swish')

@@ -129,7 +129,7 @@ def test_uniform_routing_aux_is_one_and_collapse_is_larger():
   for j in range(E):
     wg[j] = np.roll(v, j)
   x = np.eye(M, dtype=np.float32)[np.arange(B * T) % E].reshape(B, T, M)
-  layer = _Layer()
+  layer = _Layer(aux_loss_weight=1.0)
   theta = layer.theta
   theta.wg.assign(wg)
   _, aux = layer.FProp(theta, tf.constant(x), tf.zeros([B, T]))
@@ -162,17 +162,16 @@ def test_random_decisions_independent_of_grouping_and_microbatching():
     for g in (4, 2, 1):
       layer = _Layer(num_groups=g, second_expert_policy=policy)
       r, _, _ = layer.ComputeRouting(layer.theta, x, pad, step=11)
-      got = r[key].numpy()
+      got = getattr(r, key).numpy()
       got = got.reshape(B * T, -1) if got.ndim == 3 else got.reshape(-1)
       if ref is None:
         ref = got
       np.testing.assert_array_equal(got, ref)
     # Micro-batches: two halves with their global token offsets.
     layer = _Layer(num_groups=1, second_expert_policy=policy)
-    halves = [layer.ComputeRouting(layer.theta, x[i * 2:(i + 1) * 2],
-                                   pad[:2], step=11,
-                                   token_offset=i * 2 * T)[0][key].numpy()
-              for i in range(2)]
+    halves = [getattr(layer.ComputeRouting(
+        layer.theta, x[i * 2:(i + 1) * 2], pad[:2], step=11,
+        token_offset=i * 2 * T)[0], key).numpy() for i in range(2)]
     halves = np.concatenate([h.reshape(2 * T, -1) for h in halves]).reshape(
         ref.shape)
     np.testing.assert_array_equal(halves, ref)
@@ -286,10 +285,10 @@ def test_sharding_params_and_annotations():
   with pytest.raises(ValueError, match='num_groups = 3 must be a multiple '
                      'of the mesh axis size 2'):
     moe.MoELayer.SetExpertSharding(p.Copy(), np.arange(2)).Set(
-        num_groups=3, dispatch_impl='gather').Instantiate()._Manual(3)
+        num_groups=3, dispatch_impl='gather').Instantiate().ManualSpec(3)
 
 
-def testChoiceParamsAreChecked():
+def test_choice_params_are_checked():
   with pytest.raises(ValueError, match=r"^moe: dispatch_impl must be one of "
                      r"\('einsum', 'gather'\), got 'scatter'$"):
     _Layer(dispatch_impl='scatter')

@@ -13,7 +13,7 @@ def _Layer(dim=6):
       name='pos', embedding_dim=dim).Instantiate()
 
 
-def testMatchesFormula():
+def test_matches_formula():
   layer = _Layer()
   got = layer.FProp(layer.theta, seq_length=5).numpy()
   half = 3
@@ -26,7 +26,7 @@ def testMatchesFormula():
                                  atol=1e-6)
 
 
-def testPositionsGiveTheSameRows():
+def test_positions_give_the_same_rows():
   layer = _Layer()
   table = layer.FProp(layer.theta, seq_length=8).numpy()
   pos = np.array([[7, 0], [3, 3]])
@@ -34,7 +34,7 @@ def testPositionsGiveTheSameRows():
                              table[pos], atol=1e-6)
 
 
-def testErrors():
+def test_errors():
   with pytest.raises(ValueError, match='embedding_dim must be even'):
     _Layer(5)
   layer = _Layer()

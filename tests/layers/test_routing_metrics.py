@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
+from lingshard.layers import routing
 from lingshard.layers import routing_metrics
-from lingshard.nested_map import NestedMap
 
 
 def _Routing(seed=0, g=2, s=16, e=4):
@@ -16,10 +16,12 @@ def _Routing(seed=0, g=2, s=16, e=4):
   dispatched = wanted & (rng.uniform(size=[g, s, 2]) < 0.75)
   gate = rng.uniform(size=[g, s, 2]).astype(np.float32)
   nonpad = (rng.uniform(size=[g, s]) > 0.2).astype(np.float32)
-  r = NestedMap(expert_gsk=tf.constant(expert, tf.int32),
-                wanted_gsk=tf.constant(wanted), accept_gs=tf.constant(accept),
-                dispatched_gsk=tf.constant(dispatched),
-                gate_gsk=tf.constant(gate))
+  r = routing.Routing(
+      expert_gsk=tf.constant(expert, tf.int32), gate_gsk=tf.constant(gate),
+      wanted_gsk=tf.constant(wanted),
+      position_gsk=tf.zeros([g, s, 2], tf.int32),  # Metrics do not read it.
+      dispatched_gsk=tf.constant(dispatched),
+      weight_gsk=tf.constant(gate * dispatched), accept_gs=tf.constant(accept))
   return r, nonpad, (expert, wanted, dispatched, gate, accept)
 
 

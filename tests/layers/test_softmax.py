@@ -12,7 +12,7 @@ def _LogSoftmax(x):
 
 
 @pytest.mark.parametrize('eps', [0.0, 0.1])
-def testLabelSmoothedXentMatchesNumpy(eps):
+def test_label_smoothed_xent_matches_numpy(eps):
   rng = np.random.RandomState(0)
   logits = rng.normal(size=[2, 3, 5]).astype(np.float32)
   labels = rng.randint(0, 5, [2, 3]).astype(np.int32)
@@ -27,7 +27,7 @@ def testLabelSmoothedXentMatchesNumpy(eps):
   assert not out.xent.numpy()[weights == 0].any()
 
 
-def testSoftmaxLayerLogits():
+def test_softmax_layer_logits():
   layer = softmax.SoftmaxLayer.Params().Set(
       name='sm', input_dim=4, num_classes=3).Instantiate()
   t = layer.theta.Transform(lambda v: v.numpy())

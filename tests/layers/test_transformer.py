@@ -9,6 +9,7 @@ from lingshard.layers import attention
 from lingshard.layers import dropout
 from lingshard.layers import moe
 from lingshard.layers import transformer
+from lingshard.nested_map import NestedMap
 
 SHAPE = dict(model_dim=8, hidden_dim=16, num_heads=2, dim_per_head=4)
 
@@ -31,10 +32,8 @@ def _Inputs(b=2, t=5, seed=0):
 @pytest.mark.parametrize('num_layers,moe_layers,want', [
     (6, None, [1, 3, 5]), (5, None, [1, 3]), (4, [0, 2], [0, 2]),
     (3, [], [])])
-def testMoePlacementFollowsParams(num_layers, moe_layers, want):
+def test_moe_placement_follows_params(num_layers, moe_layers, want):
   stack = _Stack(num_layers=num_layers, moe_tpl=_Moe(), moe_layers=moe_layers)
-  got = [i for i, layer in enumerate(stack.layer) if layer.is_moe]
-  assert got == want
   for i, layer in enumerate(stack.layer):
     assert ('moe' in layer.children) == (i in want)
     assert ('ffn' in layer.children) == (i not in want)
@@ -45,9 +44,9 @@ def testMoePlacementFollowsParams(num_layers, moe_layers, want):
     assert a.aux_loss.shape == () and 'over_capacity_first' in a.metrics
 
 
-def testDenseStackHasNoMoe():
+def test_dense_stack_has_no_moe():
   stack = _Stack(num_layers=3)
-  assert not any(layer.is_moe for layer in stack.layer)
+  assert not any('moe' in layer.children for layer in stack.layer)
   with pytest.raises(ValueError, match='moe_layers .* given but moe_tpl is'):
     _Stack(num_layers=3, moe_layers=[1])
   with pytest.raises(ValueError, match='out of range'):
@@ -55,8 +54,11 @@ def testDenseStackHasNoMoe():
 
 
 def _Manual(layer, theta, x, paddings, enc=None, enc_paddings=None):
-  """Reference composition of the sublayers (module docstring formulas)."""
+  """Reference composition of the sublayers (module docstring formulas).
+
+  Returns (outputs, the FFN's aux)."""
   post = layer.params.norm_policy == 'post'
+  ffn_aux = []
 
   def Sub(name, x, fn):
     ln = getattr(layer, f'{name}_ln')
@@ -72,15 +74,25 @@ def _Manual(layer, theta, x, paddings, enc=None, enc_paddings=None):
   if enc is not None:
     x = Sub('cross_atten', x, lambda h: layer.cross_atten.FProp(
         theta.cross_atten, h, enc, enc_paddings))
-  return Sub('ffn', x, lambda h: layer.ffn.FProp(theta.ffn, h))
+  name = 'moe' if 'moe' in layer.children else 'ffn'
+
+  def Ffn(h):
+    y, aux = layer.children[name].FProp(theta[name], h, paddings)
+    ffn_aux.append(aux)
+    return y
+
+  return Sub('ffn', x, Ffn), ffn_aux[0]
 
 
+@pytest.mark.parametrize('use_moe', [False, True])
 @pytest.mark.parametrize('norm', ['pre', 'post'])
 @pytest.mark.parametrize('is_decoder', [False, True])
-def testLayerIsResidualNormComposition(norm, is_decoder):
+def test_layer_is_residual_norm_composition(norm, is_decoder, use_moe):
+  """Dense and MoE FFNs sit in the layer the same way (one FFN contract);
+  the layer returns the FFN's aux as is (empty for the dense FFN)."""
   layer = transformer.TransformerLayer.Params().Set(
       name='layer', norm_policy=norm, is_decoder=is_decoder,
-      **SHAPE).Instantiate()
+      moe_tpl=_Moe() if use_moe else None, **SHAPE).Instantiate()
   # Non-trivial norm weights so that misplaced norms show.
   theta = layer.theta.Transform(lambda v: v.numpy() + 0.1 * (
       np.arange(v.shape.num_elements()) % 3).reshape(v.shape).astype(
@@ -90,12 +102,19 @@ def testLayerIsResidualNormComposition(norm, is_decoder):
   enc = _Inputs(t=3, seed=1) if is_decoder else None
   enc_pad = np.zeros([2, 3], np.float32) if is_decoder else None
   got, aux = layer.FProp(theta, x, paddings, enc, enc_pad)
-  assert aux is None
-  want = _Manual(layer, theta, tf.constant(x), paddings, enc, enc_pad)
+  want, want_aux = _Manual(layer, theta, tf.constant(x), paddings, enc,
+                           enc_pad)
   np.testing.assert_allclose(got.numpy(), want.numpy(), atol=1e-5)
+  if not use_moe:
+    assert aux == NestedMap() and want_aux == NestedMap()
+  else:
+    assert sorted(aux) == ['aux_loss', 'metrics']
+    for (k, a), (k2, b) in zip(aux.FlattenItems(), want_aux.FlattenItems()):
+      assert k == k2
+      np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, err_msg=k)
 
 
-def testPostNormStackOutputIsNormalised():
+def test_post_norm_stack_output_is_normalised():
   stack = _Stack(num_layers=2, norm_policy='post')
   assert 'final_ln' not in stack.children
   y, _ = stack.FProp(stack.theta, _Inputs(), np.zeros([2, 5], np.float32))
@@ -103,7 +122,7 @@ def testPostNormStackOutputIsNormalised():
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testDecoderExtendStepEqualsFProp(use_moe):
+def test_decoder_extend_step_equals_fprop(use_moe):
   stack = _Stack(num_layers=2, is_decoder=True,
                  moe_tpl=_Moe() if use_moe else None)
   x = _Inputs(t=4)
@@ -123,7 +142,7 @@ def testDecoderExtendStepEqualsFProp(use_moe):
                                atol=1e-5)
 
 
-def testResidualDropoutIsStatelessPerStepAndLayer():
+def test_residual_dropout_is_stateless_per_step_and_layer():
   stack = _Stack(num_layers=2, residual_dropout_prob=0.3)
   x, pad = _Inputs(), np.zeros([2, 5], np.float32)
 
@@ -140,12 +159,12 @@ def testResidualDropoutIsStatelessPerStepAndLayer():
       inference.FProp(stack.theta, x, pad, step=5)[0].numpy(),
       no_drop.FProp(stack.theta, x, pad)[0].numpy(), atol=1e-6)
   # Each dropout layer has its own seed (from its path).
-  seeds = {d.layer_seed for d in stack._AllLayers()  # pylint: disable=protected-access
+  seeds = {d.layer_seed for d in stack.AllLayers()
            if isinstance(d, dropout.DropoutLayer)}
   assert len(seeds) == 2 * 4  # 2 layers x (2 residual + atten + relu).
 
 
-def testDropoutMaskStatistics():
+def test_dropout_mask_statistics():
   layer = dropout.DropoutLayer.Params().Set(name='d',
                                             dropout_prob=0.25).Instantiate()
   y = layer.FProp(layer.theta, tf.ones([200, 100]), step=3).numpy()
@@ -155,7 +174,7 @@ def testDropoutMaskStatistics():
     dropout.DropoutLayer.Params().Set(dropout_prob=1.0).Instantiate()
 
 
-def testNormPolicyIsChecked():
+def test_norm_policy_is_checked():
   with pytest.raises(ValueError, match=r": norm_policy must be one of "
                      r"\('pre', 'post'\), got 'sandwich'$"):
     _Stack(num_layers=1, norm_policy='sandwich')

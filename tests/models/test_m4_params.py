@@ -21,13 +21,13 @@ TABLE1 = {  # key: (experts per layer, enc + dec layers)
 M4_KEYS = sorted(k for k in model_registry.ListModels() if k.startswith('m4.'))
 
 
-def testEveryTable1ConfigIsRegistered():
+def test_every_table1_config_is_registered():
   assert set(TABLE1) <= set(M4_KEYS)
   assert {'m4.DenseT96L', 'm4.TinyMoE', 'm4.TinyDense'} <= set(M4_KEYS)
 
 
 @pytest.mark.parametrize('key', sorted(TABLE1))
-def testTable1Settings(key):
+def test_table1_settings(key):
   experts, layers = TABLE1[key]
   p = model_registry.GetParams(key, 'Train')
   t = p.task
@@ -38,13 +38,15 @@ def testTable1Settings(key):
   assert (t.input_dropout_prob, t.residual_dropout_prob,
           t.atten_dropout_prob) == (0.1, 0.1, 0.1)
   assert t.moe_tpl.num_experts == experts
+  # GShard §2.2's k, applied once, by the MoE layer (the task has none).
+  assert t.moe_tpl.aux_loss_weight == 0.01 and 'aux_loss_weight' not in t
   assert np.size(t.device_mesh) == experts  # One device per expert.
   assert (t.train.optimizer, t.train.learning_rate, t.train.lr_schedule,
           t.train.warmup_steps) == ('adafactor', 1.0, 'rsqrt_decay', 10000)
   # Experts total (Table 1 column) = E * L/2: every other layer is MoE.
   task = t.Instantiate()  # Declares weights only; allocates nothing.
   for stack in (task.enc, task.dec):
-    moe_at = [i for i, layer in enumerate(stack.layer) if layer.is_moe]
+    moe_at = [i for i, layer in enumerate(stack.layer) if 'moe' in layer.children]
     assert moe_at == list(range(1, layers // 2, 2))
     for i in moe_at:
       assert stack.layer[i].moe.params.num_experts == experts
@@ -55,7 +57,7 @@ def testTable1Settings(key):
 
 
 @pytest.mark.parametrize('key', M4_KEYS)
-def testParamsTextRoundTrip(key):
+def test_params_text_round_trip(key):
   p = model_registry.GetParams(key, 'Train')
   text = p.ToText()
   q = model_registry.GetParams(key, 'Train')
@@ -69,12 +71,12 @@ CPU_KEYS = [k for k in M4_KEYS
             if count_params.CountModel(k).total < 50_000_000]
 
 
-def testCpuSizedConfigs():
+def test_cpu_sized_configs():
   assert CPU_KEYS == ['m4.TinyDense', 'm4.TinyMoE']
 
 
 @pytest.mark.parametrize('key', CPU_KEYS)
-def testCpuSizedConfigRunsOneTrainStep(key):
+def test_cpu_sized_config_runs_one_train_step(key):
   model = model_registry.GetParams(key, 'Train').Instantiate()
   task = model.task
   batch = mt_testlib.SyntheticBatch(task.params, batch_size=8, src_len=8,
@@ -91,11 +93,11 @@ def testCpuSizedConfigRunsOneTrainStep(key):
 
 
 @pytest.mark.parametrize('key', ['m4.TinyMoE', 'm4.MoE2048E36L'])
-def testMeshPropagatesAndEveryWeightHasALayout(key):
+def test_mesh_propagates_and_every_weight_has_a_layout(key):
   task = model_registry.GetParams(key, 'Train').task.Instantiate()
   mesh = task.params.device_mesh
   assert task.params.mesh_axis_names == m4.MESH_AXIS_NAMES
-  for layer in task._AllLayers():  # pylint: disable=protected-access
+  for layer in task.AllLayers():
     np.testing.assert_array_equal(layer.params.device_mesh, mesh)
     assert layer.params.mesh_axis_names == m4.MESH_AXIS_NAMES
   for name, wp in task.DeclaredWeights().FlattenItems():
@@ -110,3 +112,18 @@ def testMeshPropagatesAndEveryWeightHasALayout(key):
   for child in (layer.self_atten, layer.ffn.fc_in, task.tgt_emb):
     for _, mapping in child.params.activation_split_dims_mapping:
       assert mapping[0] == 0 and set(mapping[1:]) == {-1}
+
+
+def test_tiny_moe_loss_is_xent_plus_one_hundredth_of_the_gshard_aux():
+  """M4's k = 0.01 (GShard §2.2) lives in the MoE layer params and is
+  applied once: loss = xent + 0.01 * sum_l aux_l, as before the move."""
+  task = model_registry.GetParams('m4.TinyMoE', 'Train').task.Instantiate()
+  batch = mt_testlib.SyntheticBatch(task.params, batch_size=8, src_len=8,
+                                    tgt_len=8)
+  metrics, _ = task.FProp(task.theta, batch, step=tf.constant(1, tf.int64))
+  m = {k: float(v[0]) for k, v in metrics.items() if v[0].shape.rank == 0}
+  group_aux = [v for k, v in m.items() if k.endswith('_group_aux')]
+  assert len(group_aux) == 2 and min(group_aux) > 0.5  # enc, dec layer 1.
+  np.testing.assert_allclose(m['aux_loss'], 0.01 * sum(group_aux), rtol=1e-6)
+  np.testing.assert_allclose(m['loss'], m['xent'] + 0.01 * sum(group_aux),
+                             rtol=1e-6)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from lingshard.layers import noisy_gating
 from lingshard.layers import softmax
 from lingshard.nested_map import NestedMap
 from lingshard.train import step as step_lib
@@ -19,13 +20,18 @@ def _Metrics(task, batch, step=0, theta=None):
   metrics, per_example = task.FProp(task.theta if theta is None else theta,
                                     batch,
                                     step=tf.constant(step, tf.int64))
-  return {k: float(v[0]) for k, v in metrics.items()}, per_example
+  return {k: np.asarray(v[0]) for k, v in metrics.items()}, per_example
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testLossIsXentPlusWeightedAux(use_moe):
-  task = _Task(use_moe=use_moe, aux_loss_weight=0.3,
-               num_encoder_layers=4, num_decoder_layers=2)
+def test_loss_is_xent_plus_weighted_aux(use_moe):
+  """The MoE layers weight their aux loss (aux_loss_weight k); the task adds
+  the sum as is: loss = xent + sum_l k * aux_l, k applied once."""
+  p = mt_testlib.TinyParams(use_moe=use_moe, num_encoder_layers=4,
+                            num_decoder_layers=2)
+  if use_moe:
+    p.moe_tpl.aux_loss_weight = 0.3
+  task = p.Instantiate()
   batch = mt_testlib.SyntheticBatch(task.params)
   m, per_example = _Metrics(task, batch)
   preds = task.ComputePredictions(task.theta, batch)
@@ -51,14 +57,16 @@ def testLossIsXentPlusWeightedAux(use_moe):
     assert m['aux_loss'] == 0.0
   np.testing.assert_allclose(
       m['aux_loss'], sum(m[k] for k in aux_keys), rtol=1e-6)
-  np.testing.assert_allclose(m['loss'], m['xent'] + 0.3 * m['aux_loss'],
-                             rtol=1e-6)
+  for k in aux_keys:  # Each layer's aux = k * its unweighted GShard aux.
+    np.testing.assert_allclose(
+        m[k], 0.3 * m[k.replace('_aux_loss', '_group_aux')], rtol=1e-6)
+  np.testing.assert_allclose(m['loss'], m['xent'] + m['aux_loss'], rtol=1e-6)
   np.testing.assert_allclose(per_example.xent.numpy().sum() / n, m['xent'],
                              rtol=1e-5)
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testChangingAFutureTargetTokenChangesNoEarlierOutput(use_moe):
+def test_changing_a_future_target_token_changes_no_earlier_output(use_moe):
   # MoE layers have room for every token: with drops, a later token's first
   # choice can take the slot of an earlier token's second choice.
   task = _Task(use_moe=use_moe)
@@ -74,7 +82,7 @@ def testChangingAFutureTargetTokenChangesNoEarlierOutput(use_moe):
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testExtraPaddingChangesNoLoss(use_moe):
+def test_extra_padding_changes_no_loss(use_moe):
   task = _Task(use_moe=use_moe)
   kw = dict(batch_size=3, seed=4, src_lengths=[3, 6, 2],
             tgt_lengths=[5, 2, 4])
@@ -96,7 +104,7 @@ def testExtraPaddingChangesNoLoss(use_moe):
   np.testing.assert_allclose(ex_long.xent, ex_short.xent, rtol=1e-5)
 
 
-def testSharedTargetEmbeddingSoftmax():
+def test_shared_target_embedding_softmax():
   task = _Task(share_tgt_embedding_softmax=True)
   assert 'softmax' not in task.children
   batch = mt_testlib.SyntheticBatch(task.params)
@@ -107,7 +115,7 @@ def testSharedTargetEmbeddingSoftmax():
   assert np.isfinite(m['loss'])
 
 
-def testSharedSourceTargetTable():
+def test_shared_source_target_table():
   task = _Task(src_vocab_size=19, share_src_tgt_embedding=True,
                share_tgt_embedding_softmax=True)
   assert 'src_emb' not in task.children and 'softmax' not in task.children
@@ -131,7 +139,7 @@ def testSharedSourceTargetTable():
     _Task(share_src_tgt_embedding=True)
 
 
-def testDropoutUsesTheStep():
+def test_dropout_uses_the_step():
   task = _Task(residual_dropout_prob=0.2, input_dropout_prob=0.2)
   batch = mt_testlib.SyntheticBatch(task.params)
   assert _Metrics(task, batch, 1)[0] == _Metrics(task, batch, 1)[0]
@@ -140,7 +148,7 @@ def testDropoutUsesTheStep():
 
 
 @pytest.mark.parametrize('use_moe', [False, True])
-def testTinyModelOverfitsAFixedBatch(use_moe):
+def test_tiny_model_overfits_a_fixed_batch(use_moe):
   p = mt_testlib.TinyParams(use_moe=use_moe)
   p.train.Set(optimizer='adam', learning_rate=3e-3, lr_schedule='constant')
   task = p.Instantiate()
@@ -156,11 +164,44 @@ def testTinyModelOverfitsAFixedBatch(use_moe):
   assert losses[-1] < 0.25 * losses[0], losses[::10]
 
 
-def testPredictionsKeepPerExpertMetrics():
+def test_predictions_keep_per_expert_metrics():
   task = _Task(use_moe=True)
   preds = task.ComputePredictions(task.theta,
                                   mt_testlib.SyntheticBatch(task.params))
-  per_expert = preds.moe_aux.enc.layer_001.metrics.tokens_per_expert_first
+  per_expert = preds.ffn_aux.enc.layer_001.metrics.tokens_per_expert_first
   assert per_expert.shape == (4,)
   np.testing.assert_allclose(float(tf.reduce_sum(per_expert)), 1.0, rtol=1e-5)
-  assert isinstance(preds.moe_aux.dec, NestedMap)
+  assert isinstance(preds.ffn_aux.dec, NestedMap)
+
+
+def test_noisy_layers_loss_is_xent_plus_their_weighted_cv_terms():
+  """Noisy top-k layers weight L_importance + L_load themselves
+  (w * CV^2, Shazeer et al. eqs. 7, 11); the task adds them once."""
+  p = mt_testlib.TinyParams()
+  p.moe_tpl = noisy_gating.NoisyTopKMoELayer.Params().Set(
+      num_experts=4, num_groups=1, w_importance=0.2, w_load=0.3)
+  task = p.Instantiate()
+  # Non-zero gating weights (App. A starts them at 0: a uniform gate).
+  theta = task.theta.Transform(tf.identity)
+  rng = np.random.RandomState(0)
+  for stack in (theta.enc, theta.dec):
+    for lt in (stack.layer[1],):
+      lt.moe.wg = tf.constant(rng.normal(size=[16, 4]), tf.float32)
+      lt.moe.w_noise = tf.constant(rng.normal(size=[16, 4]), tf.float32)
+  m, _ = _Metrics(task, mt_testlib.SyntheticBatch(task.params), step=3,
+                  theta=theta)
+
+  def Cv2(v):
+    return v.var() / v.mean()**2
+
+  layer_terms = sum(m[f'{prefix}_importance_loss'] + m[f'{prefix}_load_loss']
+                    for prefix in ('enc_layer_001', 'dec_layer_001'))
+  np.testing.assert_allclose(m['loss'], m['xent'] + layer_terms, rtol=1e-5)
+  want = 0.0
+  for prefix in ('enc_layer_001', 'dec_layer_001'):
+    importance, load = m[f'{prefix}_importance'], m[f'{prefix}_load']
+    assert importance.shape == load.shape == (4,)  # Per-expert vectors.
+    want += 0.2 * Cv2(importance) + 0.3 * Cv2(load)
+  assert want > 1e-3
+  np.testing.assert_allclose(m['aux_loss'], want, rtol=1e-4)
+  np.testing.assert_allclose(m['loss'], m['xent'] + want, rtol=1e-5)

@@ -9,7 +9,7 @@ from tests.models import mt_testlib
 check = pytest.importorskip('lingshard.spmd.check')
 
 
-def testTinyMoEOnEightDevicesMatchesOneDevice():
+def test_tiny_moe_on_eight_devices_matches_one_device():
   params = model_registry.GetParams('m4.TinyMoE', 'Train')
   task = params.task.Instantiate()
   assert task.params.device_mesh.shape == (8,)
@@ -18,7 +18,7 @@ def testTinyMoEOnEightDevicesMatchesOneDevice():
   del batch['lang']  # Strings cannot enter an XLA program.
   result = check.CheckTask(task, batch, 8, step=5)
   result.AssertOk()  # Loss and every gradient match the 1-device run.
-  num_moe = sum(layer.is_moe for stack in (task.enc, task.dec)
+  num_moe = sum('moe' in layer.children for stack in (task.enc, task.dec)
                 for layer in stack.layer)
   assert num_moe == 2
   # Per MoE layer: dispatch and combine, forward and backward.

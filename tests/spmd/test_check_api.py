@@ -12,6 +12,7 @@ from lingshard import sharding
 from lingshard.layers import linear
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
+from lingshard.spmd import manual_constants
 from lingshard.spmd import xla_runtime
 from tests.spmd import spmd_testlib
 
@@ -124,9 +125,9 @@ def no_jaxlib(monkeypatch):
   """Makes `import jaxlib` fail, as in an install without the spmd extra."""
   monkeypatch.setitem(sys.modules, 'jaxlib', None)
   monkeypatch.setitem(sys.modules, 'jaxlib.version', None)
-  xla_runtime._Load.cache_clear()  # pylint: disable=protected-access
+  xla_runtime.ClearCache()
   yield
-  xla_runtime._Load.cache_clear()  # pylint: disable=protected-access
+  xla_runtime.ClearCache()
 
 
 _NO_JAXLIB = ('lingshard.spmd needs jaxlib==0.10.2 (the standalone XLA '
@@ -139,6 +140,17 @@ def test_missing_jaxlib_names_the_extra(no_jaxlib):
   with pytest.raises(xla_runtime.JaxlibUnavailableError) as e:
     check.CheckModel('toy.FFRegression', 8)
   assert str(e.value) == _NO_JAXLIB
+
+
+def test_private_xla_protos_sit_behind_the_jaxlib_check(no_jaxlib):
+  """The checker reads TF's private HLO protos only through xla_runtime, so
+  a missing or other jaxlib fails there with the same one line."""
+  del no_jaxlib
+  for fn in (check.ProgramSize,
+             manual_constants.RouteConstantsIntoManualRegions):
+    with pytest.raises(xla_runtime.JaxlibUnavailableError) as e:
+      fn(b'')
+    assert str(e.value) == _NO_JAXLIB
 
 
 def test_other_jaxlib_version_names_the_pinned_one():
@@ -201,17 +213,16 @@ def test_compile_only_check_reports_analyses_without_parity():
 
 
 def test_comparison_is_dtype_aware_and_exact_for_integers():
-  # pylint: disable=protected-access
   ref = np.array([1.0, -2.0, np.inf, np.nan], np.float32)
   near = ref + np.array([1e-5, 0, 0, 0], np.float32)
-  assert check._Compare('a', ref, near).ok
+  assert check.Compare('a', ref, near).ok
   far = ref + np.array([1e-3, 0, 0, 0], np.float32)
-  e = check._Compare('a', ref, far)
+  e = check.Compare('a', ref, far)
   assert not e.ok and e.max_rel == pytest.approx(5e-4, rel=1e-3)
-  assert not check._Compare('a', ref, np.array(
+  assert not check.Compare('a', ref, np.array(
       [1.0, -2.0, -np.inf, np.nan], np.float32)).ok
   bf16 = tf.bfloat16.as_numpy_dtype
-  assert check._Compare('b', ref[:2].astype(bf16),
+  assert check.Compare('b', ref[:2].astype(bf16),
                         (ref[:2] * 1.01).astype(bf16)).ok
-  assert not check._Compare('i', np.array([1, 2]), np.array([1, 3])).ok
-  assert check._Compare('i', np.array([1, 2]), np.array([1, 2])).ok
+  assert not check.Compare('i', np.array([1, 2]), np.array([1, 3])).ok
+  assert check.Compare('i', np.array([1, 2]), np.array([1, 2])).ok

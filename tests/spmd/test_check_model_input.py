@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from lingshard import base_input
 from lingshard import model_registry
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
@@ -25,7 +26,7 @@ def test_numeric_batch_drops_only_string_leaves():
       tags=np.array([b'x', b'y']),
       inputs=[np.zeros([2], np.float32), np.array([b'q'], object)],
       step=tf.constant(3, tf.int64))
-  out = check.NumericBatch(batch)
+  out = base_input.NumericBatch(batch)
   assert [k for k, _ in out.FlattenItems()] == ['inputs[0]', 'src.ids',
                                                 'step']
   assert out.src.ids is batch.src.ids and out.step is batch.step
@@ -52,7 +53,7 @@ def test_tiny_moe_real_batch_has_strings_that_stay_out_of_the_program(
   assert r.ok, r.Report()
   inputs = [k for k in r.input_shardings if k.startswith('batch.')]
   assert sorted(inputs) == sorted(
-      f'batch.{k}' for k, _ in check.NumericBatch(batch).FlattenItems())
+      f'batch.{k}' for k, _ in base_input.NumericBatch(batch).FlattenItems())
   assert 'batch.lang' not in r.input_shardings
 
 

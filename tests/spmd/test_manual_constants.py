@@ -3,12 +3,12 @@ partitioning cannot leak into automatically partitioned code."""
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.compiler.xla.service import hlo_pb2
 
 from lingshard import sharding
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
 from lingshard.spmd import manual_constants
+from lingshard.spmd import xla_runtime
 
 G, S, M = 8, 4, 3
 _MESH = np.arange(8)
@@ -50,12 +50,10 @@ def _Step(inp):
 
 def _AutoOperandsOfManualOps(serialized):
   """[(manual op, operand)] where a fully manual op reads a non-manual value."""
-  module = hlo_pb2.HloModuleProto()
-  module.ParseFromString(serialized)
+  module = xla_runtime.ParseHloModule(serialized)
   entry = [c for c in module.computations
            if c.id == module.entry_computation_id][0]
-  # pylint: disable-next=protected-access
-  flags = manual_constants._ManualFlags(entry)
+  flags = manual_constants.ManualFlags(entry)
   by_id = {i.id: i for i in entry.instructions}
   return [(i.name, by_id[o].opcode) for i in entry.instructions
           if flags[i.id] and i.custom_call_target != 'SPMDFullToShardShape'

@@ -28,7 +28,7 @@ def _NoAllocation(monkeypatch):
 
 
 @pytest.mark.parametrize('key', sorted(PAPER))
-def testTable1Counts(key):
+def test_table1_counts(key):
   c = count_params.CountModel(key)
   experts, layers = (int(x) for x in key[len('m4.MoE'):-1].split('E'))
   # Experts total of Table 1 = E * L/2 experts of 2 * M * H weights each.
@@ -47,13 +47,13 @@ def testTable1Counts(key):
   assert c.num_devices == experts
 
 
-def testDenseBaselineT96L():
+def test_dense_baseline_t96_l():
   c = count_params.CountModel('m4.DenseT96L')
   assert abs(c.total / 2.3e9 - 1) <= 0.05
   assert c.by_kind['experts'] == 0
 
 
-def testWeightBytesPerDeviceShardExpertsOnly():
+def test_weight_bytes_per_device_shard_experts_only():
   c = count_params.CountModel('m4.MoE2048E36L')
   replicated = c.total - c.by_kind['experts']
   assert c.weight_bytes_per_device == 4 * (replicated +
@@ -69,7 +69,7 @@ def _TaskWithAdafactor(**adafactor):
   return p.Instantiate()
 
 
-def testAdafactorSlots():
+def test_adafactor_slots():
   base = count_params.CountTask(_TaskWithAdafactor(factored=False))
   # Unfactored: one float32 second moment per weight, sharded like it.
   assert base.adafactor_bytes_per_device == base.weight_bytes_per_device
@@ -94,7 +94,7 @@ def testAdafactorSlots():
   assert fac.adafactor_bytes_per_device == want
 
 
-def testTinyModelsHaveEqualFlopsPerToken():
+def test_tiny_models_have_equal_flops_per_token():
   moe = count_params.CountModel('m4.TinyMoE')
   dense = count_params.CountModel('m4.TinyDense')
   # 2+2 layers, M = N*K = 128, H = 256, E = 8, one shared V = 4000 table.
@@ -118,7 +118,7 @@ def testTinyModelsHaveEqualFlopsPerToken():
   assert dense.flops_per_token == moe.flops_per_token
 
 
-def testFormat():
+def test_format():
   text = count_params.FormatCounts('m4.TinyMoE',
                                    count_params.CountModel('m4.TinyMoE'))
   assert 'experts' in text and 'per device (8 devices)' in text

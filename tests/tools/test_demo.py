@@ -3,16 +3,16 @@
 from lingshard.tools import demo
 
 
-def testVocabPathsFollowTheModel():
-  assert demo._VocabPaths('m4.TinyMoE', 'd') == {
+def test_vocab_paths_follow_the_model():
+  assert demo.VocabPaths('m4.TinyMoE', 'd') == {
       'src_vocab': 'd/vocab/spm_shared.model',
       'tgt_vocab': 'd/vocab/spm_shared.model'}
-  assert demo._VocabPaths('m4.MoE128E12L', 'd') == {
+  assert demo.VocabPaths('m4.MoE128E12L', 'd') == {
       'src_vocab': 'd/vocab/spm_multi.model',
       'tgt_vocab': 'd/vocab/spm_en.model'}
 
 
-def testScoreTableMarksWhereTheModelBeatsCopy():
+def test_score_table_marks_where_the_model_beats_copy():
   avg = dict(languages=3, n=10, bleu=8.0, chrf=16.0, copy_bleu=2.0,
              copy_chrf=12.0)
   pooled = dict(avg, chrf=17.5, copy_chrf=13.8)

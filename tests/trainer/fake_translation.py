@@ -45,7 +45,7 @@ def WriteCorpus(directory):
 
 def InputParams(tsv, spm_path, batch_size=5):
   p = inputs.MtInput.Params().Set(file_pattern=tsv, src_vocab=spm_path,
-                                  tgt_vocab=spm_path, is_eval=True,
+                                  tgt_vocab=spm_path, is_inference=True,
                                   eval_batch_size=batch_size)
   return p
 

@@ -12,7 +12,7 @@ import sacrebleu
 import sentencepiece as spm
 
 from lingshard import trainer
-from lingshard.train import decode_loop
+from lingshard.models import mt_decoder
 from lingshard.train import eval_loop
 from tests.trainer import fake_translation
 from tests.trainer import trainer_testlib
@@ -58,8 +58,8 @@ def test_decode_and_score(corpus, tmp_path):
   tsv, spm_path = corpus
   task = fake_translation.NewTask()
   gen = fake_translation.InputParams(tsv, spm_path).Instantiate()
-  detok = decode_loop.Detokenizer(spm_path)
-  records = decode_loop.Decoder(task, detok, detok).DecodeDataset(
+  detok = mt_decoder.Detokenizer(spm_path)
+  records = mt_decoder.MtDecoder(task, detok, detok).DecodeDataset(
       task.theta, gen.GetDataset())
   by_lang = collections.defaultdict(list)
   for r in records:
@@ -70,7 +70,7 @@ def test_decode_and_score(corpus, tmp_path):
     want = r.source if r.language == 'same' else ' '.join(
         reversed(r.source.split()))
     assert r.reference == want
-  scores = decode_loop.ScoreByLanguage(records, high_resource={'same'})
+  scores = mt_decoder.ScoreByLanguage(records, high_resource={'same'})
   same, rev = scores['languages']['same'], scores['languages']['rev']
   assert same['bleu'] == pytest.approx(100.0) and same['n'] == 12
   assert same['chrf'] == pytest.approx(100.0)
@@ -80,17 +80,17 @@ def test_decode_and_score(corpus, tmp_path):
   assert scores['average']['chrf'] == pytest.approx(
       (same['chrf'] + rev['chrf']) / 2)
   assert scores['average']['languages'] == 2 and scores['average']['n'] == 24
-  pooled = decode_loop.CorpusScores([r.hypothesis for r in records],
+  pooled = mt_decoder.CorpusScores([r.hypothesis for r in records],
                                     [r.reference for r in records])
   assert scores['pooled']['chrf'] == pytest.approx(pooled['chrf'])
   assert scores['pooled']['n'] == 24
   # Pooled is one corpus, not the mean of the languages' scores.
   assert scores['pooled']['bleu'] != pytest.approx(scores['average']['bleu'])
-  assert decode_loop.FormatExamples(records, n=1) == (
+  assert mt_decoder.FormatExamples(records, n=1) == (
       '[same] the cat sat on the mat\n  hyp: the cat sat on the mat\n'
       '  ref: the cat sat on the mat\n')
   out = tmp_path / 'decode_dev'
-  decode_loop.WriteOutputs(str(out), records, scores, step=3)
+  mt_decoder.WriteOutputs(str(out), records, scores, step=3)
   assert sorted(os.listdir(out)) == [
       'rev.hyp.txt', 'rev.ref.txt', 'rev.src.txt', 'same.hyp.txt',
       'same.ref.txt', 'same.src.txt', 'scores.json', 'scores.txt']
@@ -114,8 +114,8 @@ def test_permuted_table_changes_hypotheses(corpus):
   table[cat], table[dog] = dog, cat
   task.vars.table.assign(table)
   gen = fake_translation.InputParams(tsv, spm_path).Instantiate()
-  detok = decode_loop.Detokenizer(spm_path)
-  records = decode_loop.Decoder(task, detok).DecodeDataset(
+  detok = mt_decoder.Detokenizer(spm_path)
+  records = mt_decoder.MtDecoder(task, detok).DecodeDataset(
       task.theta, gen.GetDataset(), num_batches=1)
   assert len(records) == 5
   assert records[0].source == 'the cat sat on the mat'
@@ -123,10 +123,10 @@ def test_permuted_table_changes_hypotheses(corpus):
 
 
 def test_scores_match_sacrebleu():
-  rs = [decode_loop.Record('de', 'Hallo Welt', 'hello world', 'hello world'),
-        decode_loop.Record('de', 'Guten Tag', 'good day', 'good morning'),
-        decode_loop.Record('fr', 'bonjour', 'hello', 'good morning')]
-  scores = decode_loop.ScoreByLanguage(rs)
+  rs = [mt_decoder.Record('de', 'Hallo Welt', 'hello world', 'hello world'),
+        mt_decoder.Record('de', 'Guten Tag', 'good day', 'good morning'),
+        mt_decoder.Record('fr', 'bonjour', 'hello', 'good morning')]
+  scores = mt_decoder.ScoreByLanguage(rs)
   de = scores['languages']['de']
   want = sacrebleu.corpus_bleu(['hello world', 'good day'],
                                [['hello world', 'good morning']]).score
@@ -142,21 +142,21 @@ def test_scores_match_sacrebleu():
 
 def test_high_resource_languages():
   counts = {'de': 100, 'fr': 80, 'sw': 3, 'zu': 1}
-  assert decode_loop.HighResourceLanguages(counts) == {'de', 'fr'}
-  assert decode_loop.HighResourceLanguages({}) == set()
+  assert mt_decoder.HighResourceLanguages(counts) == {'de', 'fr'}
+  assert mt_decoder.HighResourceLanguages({}) == set()
 
 
 def test_hypotheses_stop_at_length_or_eos(corpus):
   _, spm_path = corpus
   sp = spm.SentencePieceProcessor(model_file=spm_path)
   cat, sat = sp.piece_to_id('▁cat'), sp.piece_to_id('▁sat')
-  detok = decode_loop.Detokenizer(spm_path)
-  ids, lengths = decode_loop.BestHypotheses(
+  detok = mt_decoder.Detokenizer(spm_path)
+  ids, lengths = mt_decoder.BestHypotheses(
       {'ids': np.array([[cat, sat, 2, sat], [cat, sat, sat, 0]]),
        'lengths': np.array([4, 2])})
   assert [detok(r[:n]) for r, n in zip(ids, lengths)] == ['cat sat',
                                                            'cat sat']
-  ids, lengths = decode_loop.BestHypotheses({'ids': np.array([[4, 2]])})
+  ids, lengths = mt_decoder.BestHypotheses({'ids': np.array([[4, 2]])})
   np.testing.assert_array_equal(lengths, [2])
   # Ids past the vocabulary (a padded softmax) read as <unk>.
   assert detok([cat, 10**6]) == sp.decode([cat, sp.unk_id()])
@@ -198,15 +198,40 @@ def test_eval_needs_a_checkpoint(tmp_path):
   assert str(e.value) == f'no checkpoint in {tmp_path}/train; train first'
 
 
+def _NoHookMessage(mode, hook, what):
+  return (f'--mode={mode}: FeedForwardRegression has no {what} '
+          f'(BaseTask.{hook} returns None); use a task that defines one, '
+          'e.g. a translation model')
+
+
 @pytest.mark.parametrize('mode', ['decode', 'export'])
-def test_decode_and_export_need_a_translation_input(tmp_path, mode):
+def test_decode_and_export_refuse_a_task_without_the_hook(tmp_path, mode):
   _Execute('--model=toy.FFRegression', f'--logdir={tmp_path}',
            '--max_steps=1')
   with pytest.raises(trainer.ConfigError) as e:
     _Execute('--model=toy.FFRegression', f'--logdir={tmp_path}',
              f'--mode={mode}')
   assert str(e.value) == (
-      'FeedForwardRegression has no Decode(); export needs a translation task'
+      _NoHookMessage('export', 'CreateExportModule', 'export module')
       if mode == 'export' else
-      'RegressionInput params have no src_vocab / tgt_vocab; decode and '
-      'export need a translation input')
+      _NoHookMessage('decode', 'CreateDecoder', 'decoder'))
+  assert sorted(os.listdir(tmp_path)) == ['params.txt', 'train']
+
+
+def test_cli_trains_evaluates_and_refuses_decode_of_a_regression_task(
+    tmp_path):
+  """The trainer binary runs a task that is not a translation model: train
+  and eval succeed; decode and export are one line, exit 1."""
+  base = ['--model=toy.FFRegression', f'--logdir={tmp_path}',
+          '--params_override=task.train.eval_num_batches=2']
+  run = trainer_testlib.RunTrainer(*base, '--mode=train', '--max_steps=4')
+  assert run.returncode == 0, run.stderr[-3000:]
+  run = trainer_testlib.RunTrainer(*base, '--mode=eval')
+  assert run.returncode == 0, run.stderr[-3000:]
+  assert run.stdout.splitlines()[-1].startswith('eval Dev step 4: loss ')
+  for mode, hook, what in (('decode', 'CreateDecoder', 'decoder'),
+                           ('export', 'CreateExportModule', 'export module')):
+    run = trainer_testlib.RunTrainer(*base, f'--mode={mode}')
+    assert run.returncode == 1
+    assert run.stderr.strip().splitlines()[-1] == (
+        'lingshard.trainer: error: ' + _NoHookMessage(mode, hook, what))

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import sentencepiece as spm
 
-from lingshard.train import export
+from lingshard.models import mt_export
 from tests.trainer import fake_translation
 from tests.trainer import trainer_testlib
 
@@ -37,7 +37,7 @@ def test_export_reload_in_fresh_process_translates(tmp_path):
   table[cat], table[dog] = dog, cat
   task.vars.table.assign(table)
   out_dir = str(tmp_path / 'export' / '00000007')
-  export.Export(task, task.vars, spm_path, spm_path, out_dir, batch_size=2,
+  mt_export.Export(task, task.vars, spm_path, spm_path, out_dir, batch_size=2,
                 max_source_length=5)
   del task  # Nothing of this process is needed to translate.
   # 5 sources: 3 Decode calls of the static batch 2, the last one padded.

@@ -9,6 +9,7 @@ import os
 import pytest
 
 from lingshard import trainer
+from lingshard.models import mt_export
 from lingshard.train import export
 from tests.trainer import fake_translation
 from tests.trainer import trainer_testlib
@@ -21,7 +22,7 @@ def SpmFixture(tmp_path_factory):
 
 def _Export(spm_path, out_dir, **kwargs):
   task = fake_translation.NewTask()
-  return export.Export(task, task.vars, spm_path, spm_path, out_dir,
+  return mt_export.Export(task, task.vars, spm_path, spm_path, out_dir,
                        batch_size=2, max_source_length=5, **kwargs)
 
 
@@ -68,7 +69,7 @@ def test_failed_export_leaves_target_and_no_temporary(spm_path, tmp_path):
 
   task = Broken.Params().Set(name='fake').Instantiate()
   with pytest.raises(RuntimeError, match='decode broke'):
-    export.Export(task, task.vars, spm_path, spm_path, str(out))
+    mt_export.Export(task, task.vars, spm_path, spm_path, str(out))
   assert json.loads((out / export.MARKER).read_text()) == {'step': 1}
   assert os.listdir(tmp_path) == ['export']
 

@@ -1,6 +1,6 @@
 """Export and decode batch and pad sentences differently, so an inference
-task (mt_model.InferenceParams) must translate a sentence the same whatever
-its batch neighbours and padding, including for GShard's random
+task (TransformerMTModel.InferenceParams) must translate a sentence the
+same whatever its batch neighbours and padding, including for GShard's random
 second-expert policy (whose draws are keyed by a token's batch index)."""
 
 import numpy as np
@@ -16,7 +16,7 @@ def test_inference_output_independent_of_batch_and_padding(policy):
   p = mt_testlib.TinyParams(use_moe=True)
   p.moe_tpl.Set(num_experts=8, second_expert_policy=policy)
   train = p.Instantiate()
-  task = mt_model.InferenceParams(p).Instantiate()
+  task = mt_model.TransformerMTModel.InferenceParams(p).Instantiate()
   # Four sentences, then the same four reversed in a wider padded batch.
   batch = mt_testlib.SyntheticBatch(p, batch_size=4, src_len=7, seed=3,
                                     src_lengths=[7, 5, 6, 4])

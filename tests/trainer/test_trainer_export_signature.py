@@ -6,7 +6,7 @@ import pytest
 import sentencepiece as spm
 import tensorflow as tf
 
-from lingshard.train import export
+from lingshard.models import mt_export
 from tests.trainer import fake_translation
 
 
@@ -21,7 +21,7 @@ def SetupFixture(tmp_path_factory):
   task.vars.table.scatter_nd_update([[sp.eos_id()]],
                                     [float(sp.piece_to_id('▁cat'))])
   out = str(tmp_path_factory.mktemp('export') / 'model')
-  export.Export(task, task.vars, spm_path, spm_path, out, batch_size=2,
+  mt_export.Export(task, task.vars, spm_path, spm_path, out, batch_size=2,
                 max_source_length=6)
   return tf.saved_model.load(out), sp
 

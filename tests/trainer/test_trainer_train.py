@@ -15,6 +15,7 @@ from lingshard import trainer
 from lingshard.models import regression_model
 from lingshard.nested_map import NestedMap
 from lingshard.train import step as step_lib
+from lingshard.train import strategies
 from lingshard.train import train_loop
 from tests.trainer import trainer_testlib
 
@@ -245,7 +246,7 @@ def test_batch_token_count():
   batch = NestedMap(tgt=NestedMap(paddings=tf.constant([[0., 0., 1.],
                                                         [0., 1., 1.]])),
                     src=NestedMap(ids=tf.zeros([2, 4], tf.int32)))
-  examples, tokens = step_lib._CountBatch(batch)  # pylint: disable=protected-access
+  examples, tokens = step_lib.CountBatch(batch)
   assert float(examples) == 2 and float(tokens) == 3
 
 
@@ -327,3 +328,18 @@ def test_negative_max_steps_is_an_error(tmp_path):
   assert str(e.value) == ('max_steps is -3; it must be >= 0 (set '
                           'task.train.max_steps or --max_steps)')
   assert not glob.glob(str(tmp_path / 'train' / 'ckpt-*'))
+
+
+@pytest.mark.parametrize('jit', [False, True])
+def test_train_loop_step_is_one_tf_function(tmp_path, jit):
+  """The loop's step is one traced function: no nested function calls in
+  its graph and no function library, with and without XLA."""
+  p = model_registry.GetParams('toy.FFRegression')
+  loop = train_loop.Trainer(p, str(tmp_path), info=strategies.StrategyInfo(
+      kind='default', jit_step=jit))
+  graph = loop.run_step.get_concrete_function(
+      loop.model.GetInput().GetBatch(0)).graph
+  calls = sorted({op.type for op in graph.get_operations()
+                  if op.type.endswith('PartitionedCall')})
+  assert calls == []
+  assert not graph.as_graph_def().library.function
