@@ -34,12 +34,14 @@ from tensorflow.python.compiler.xla.experimental import xla_sharding
 __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
     'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
-    'PartitionCount', 'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
+    'PartitionCount', 'Unannotated', 'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
 ]
 
 # Number of partitions of the program being traced, or None (single device).
 _PARTITIONS = contextvars.ContextVar('lingshard_spmd_partitions',
                                      default=None)
+# True inside Unannotated(): annotations are identities.
+_UNANNOTATED = contextvars.ContextVar('lingshard_unannotated', default=False)
 
 
 class ShardingError(ValueError):
@@ -63,6 +65,20 @@ def SpmdPartitioning(num_partitions):
     _PARTITIONS.reset(token)
 
 
+@contextlib.contextmanager
+def Unannotated():
+  """Traces code without annotations (every call returns its input).
+
+  For a single-device program compiled by an XLA that would reject another
+  program's tile assignments (the SPMD checker's reference run).
+  """
+  token = _UNANNOTATED.set(True)
+  try:
+    yield
+  finally:
+    _UNANNOTATED.reset(token)
+
+
 def PartitionCount():
   """Partitions of the program being traced (None outside SpmdPartitioning)."""
   return _PARTITIONS.get()
@@ -70,7 +86,7 @@ def PartitionCount():
 
 def _Emit():
   """Annotations are real ops only when tracing a graph."""
-  return not tf.executing_eagerly()
+  return not tf.executing_eagerly() and not _UNANNOTATED.get()
 
 
 def _EmitManual():

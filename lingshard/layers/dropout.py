@@ -5,11 +5,70 @@ probabilities. The mask is a pure function of (the layer's seed, which
 comes from `random_seed` and the layer path, and the global training
 `step`): no stateful RNG, so re-materialisation, pipelining and the SPMD
 checker recompute the very same mask. Off when `is_inference`.
+
+Keyed masks (GPipe, pipeline.py): inside `with KeyedMasks(layer_index,
+example_offset):` the mask is instead a pure function of (layer seed,
+global layer index in a stack, step, global example index in the
+mini-batch, element index within the example), drawn from the counter-based
+hash of routing_rng.py. A pipeline that runs one body layer at every
+position of a stack, on micro-batches (rows `example_offset + r *
+example_stride` of the mini-batch), with or without re-materialisation,
+then draws exactly the masks of the unpipelined stack on the whole
+mini-batch.
 """
+
+import contextlib
+import contextvars
 
 import tensorflow as tf
 
 from lingshard.layers import base_layer
+from lingshard.layers import routing_rng
+
+# (layer_index, example_offset, example_stride) of KeyedMasks, or None.
+_MASK_KEY = contextvars.ContextVar('lingshard_dropout_key', default=None)
+_STREAM_DROPOUT = 5  # After routing_rng's STREAM_* ids.
+_LAYER_SHIFT = 2**40  # Element counter bits below the layer index.
+
+
+@contextlib.contextmanager
+def KeyedMasks(layer_index, example_offset, example_stride=1):
+  """Dropout masks inside are keyed by layer index and global example index.
+
+  Args:
+    layer_index: int (python or int scalar tensor): the layer's position in
+      its stack.
+    example_offset: int (python or scalar tensor): the global index in the
+      mini-batch of the first row of the inputs.
+    example_stride: int: row r of the inputs is example `example_offset +
+      r * example_stride` of the mini-batch (a pipeline's micro-batch i of M
+      is rows i, i + M, i + 2M, ...).
+  """
+  token = _MASK_KEY.set((layer_index, example_offset, example_stride))
+  try:
+    yield
+  finally:
+    _MASK_KEY.reset(token)
+
+
+def KeyedUniform(layer_seed, step, layer_index, example_offset, shape,
+                 example_stride=1):
+  """U(0, 1) [shape] of element j of row r: hash of (seed, step, index).
+
+  The counter of an element is `layer_index * 2^40 + (example_offset + r *
+  example_stride) * E + j` with E = prod(shape[1:]), so a row's draws do not
+  depend on which other rows are in the tensor.
+  """
+  shape = tf.convert_to_tensor(shape)
+  rows = tf.cast(shape[0], tf.int64)
+  per_row = tf.cast(tf.reduce_prod(shape[1:]), tf.int64)
+  row = (tf.cast(example_offset, tf.int64) +
+         tf.range(rows, dtype=tf.int64) * int(example_stride))
+  counter = (tf.cast(layer_index, tf.int64) * _LAYER_SHIFT +
+             row[:, tf.newaxis] * per_row +
+             tf.range(per_row, dtype=tf.int64)[tf.newaxis, :])
+  u = routing_rng.TokenUniform(layer_seed, _STREAM_DROPOUT, step, counter)
+  return tf.reshape(u, shape)
 
 
 def StepSeed(layer_seed, step):
@@ -40,13 +99,18 @@ class DropoutLayer(base_layer.BaseLayer):
     return self.params.dropout_prob > 0.0 and not self.params.is_inference
 
   def FProp(self, theta, inputs, step=None):
-    """inputs: any shape; step: int scalar (None = 0) varying the mask."""
+    """inputs: any shape ([B, ...] under KeyedMasks); step: int or None."""
     del theta  # No weights.
     if not self.active:
       return inputs
     prob = self.params.dropout_prob
-    rnd = tf.random.stateless_uniform(tf.shape(inputs),
-                                      StepSeed(self.layer_seed, step),
-                                      dtype=tf.float32)
+    key = _MASK_KEY.get()
+    if key is None:
+      rnd = tf.random.stateless_uniform(tf.shape(inputs),
+                                        StepSeed(self.layer_seed, step),
+                                        dtype=tf.float32)
+    else:
+      rnd = KeyedUniform(self.layer_seed, step, key[0], key[1],
+                         tf.shape(inputs), example_stride=key[2])
     keep = tf.cast(rnd >= prob, inputs.dtype)
     return inputs * keep / tf.cast(1.0 - prob, inputs.dtype)

@@ -14,6 +14,17 @@ FFN is an MoE layer (None = every other one: 1, 3, 5, ...). Dense and MoE
 FFNs share one contract (ffn.py): `FProp(theta, x, paddings, step,
 token_offset) -> (y, aux)`; the stack returns the non-empty aux per layer.
 
+GPipe (Huang et al. 2019 §2): with `TransformerStack.Params().pipeline_tpl`
+set (a `pipeline.PipelinedLayer.Params()` giving num_stages K,
+num_micro_batches M, remat, ...), the stack's layers run as one
+`PipelinedLayer` whose body is the stack's TransformerLayer params: K cells
+of consecutive layers, M micro-batches, weights stacked on a stage dim. The
+final layer norm stays outside the pipeline; the decoder's encoder output
+and paddings go through it as per-example extras. Incremental decoding
+(`InitCache`, `CrossKeyValues`, `ExtendStep`) runs the same weights
+unpipelined, layer by layer (`PipelinedLayer.LayerThetas`). A pipelined
+stack is dense: MoE layers are refused.
+
 Einsum letters: b batch, t target/query position, s source/key position,
 m model dim, q new tokens of an incremental step.
 """
@@ -200,6 +211,11 @@ class TransformerStack(base_layer.BaseLayer):
     p.Define('moe_layers', None,
              'Indices of the layers whose FFN is MoE; None = every other '
              'layer (1, 3, 5, ...; GShard §2.1) when moe_tpl is set.')
+    p.Define('pipeline_tpl', None,
+             'pipeline.PipelinedLayer params (num_stages, num_micro_batches '
+             'or micro_batch_size, remat, stage_splits, layer_costs, '
+             'stage_mesh_axis); the stack sets body_tpl and num_layers. '
+             'None = the layers run one after another (no pipeline).')
     return p
 
   @staticmethod
@@ -231,10 +247,29 @@ class TransformerStack(base_layer.BaseLayer):
         lp.Set(**{key: p.Get(key)})
       lp.moe_tpl = p.moe_tpl if i in moe else None
       layers.append(lp)
-    self.CreateChildren('layer', layers)
+    if p.pipeline_tpl is None:
+      self.CreateChildren('layer', layers)
+    else:
+      if moe:
+        raise ValueError(f'{p.name}: pipeline_tpl needs a dense stack; '
+                         f'unset moe_tpl (MoE layers {sorted(moe)}) or '
+                         'pipeline_tpl')
+      self.CreateChild('pipeline', p.pipeline_tpl.Copy().Set(
+          body_tpl=layers[0], num_layers=p.num_layers))
     if p.norm_policy == 'pre':
       self.CreateChild('final_ln', layer_norm.LayerNorm.Params().Set(
           input_dim=p.model_dim, epsilon=p.ln_epsilon))
+
+  @property
+  def is_pipelined(self):
+    return self.params.pipeline_tpl is not None
+
+  def Layers(self, theta):
+    """[(layer, layer theta)] in order; a pipelined stack's share one body."""
+    if self.is_pipelined:
+      return [(self.pipeline.body, t)
+              for t in self.pipeline.LayerThetas(theta.pipeline)]
+    return list(zip(self.layer, theta.layer))
 
   def _FinalNorm(self, theta, x):
     if self.params.norm_policy == 'pre':
@@ -245,8 +280,14 @@ class TransformerStack(base_layer.BaseLayer):
             enc_paddings_bs=None, step=None, token_offset=0):
     """All layers; returns (outputs [B, T, M], {layer_xxx: non-empty aux}).
 
-    Arguments as `TransformerLayer.FProp`.
+    Arguments as `TransformerLayer.FProp`. Pipelined: the layers run in
+    `PipelinedLayer.FProp` (dense layers: no aux; `token_offset` unused).
     """
+    if self.is_pipelined:
+      extras = ((enc_bsm, enc_paddings_bs) if self.params.is_decoder else ())
+      x, _ = self.pipeline.FProp(theta.pipeline, inputs_btm, paddings_bt,
+                                 *extras, step=step)
+      return self._FinalNorm(theta, x), NestedMap()
     x = inputs_btm
     stack_aux = NestedMap()
     for i, (layer, layer_theta) in enumerate(zip(self.layer, theta.layer)):
@@ -260,13 +301,15 @@ class TransformerStack(base_layer.BaseLayer):
   # ---------------------------------------------------- incremental decoding
   def InitCache(self, batch_size, max_len):
     """Per-layer zero self-attention caches [B, S=max_len, N, H]."""
+    layers = ([self.pipeline.body] * self.params.num_layers
+              if self.is_pipelined else self.layer)
     return [layer.self_atten.InitCache(batch_size, max_len)
-            for layer in self.layer]
+            for layer in layers]
 
   def CrossKeyValues(self, theta, enc_bsm):
     """Per-layer projected encoder keys/values (computed once per decode)."""
     return [layer.cross_atten.ProjectKeyValue(lt.cross_atten, enc_bsm)
-            for layer, lt in zip(self.layer, theta.layer)]
+            for layer, lt in self.Layers(theta)]
 
   def ExtendStep(self, theta, inputs_bqm, caches, positions_q, self_mask_bqs,
                  cross_kvs, cross_mask_bqs):
@@ -275,8 +318,8 @@ class TransformerStack(base_layer.BaseLayer):
       raise ValueError('ExtendStep is for decoder stacks')
     x = inputs_bqm
     new_caches = []
-    for layer, lt, cache, kv in zip(self.layer, theta.layer, caches,
-                                    cross_kvs):
+    for (layer, lt), cache, kv in zip(self.Layers(theta), caches,
+                                      cross_kvs):
       x, cache = layer.ExtendStep(lt, x, cache, positions_q, self_mask_bqs,
                                   kv, cross_mask_bqs)
       new_caches.append(cache)

@@ -9,6 +9,10 @@ vocabulary for both sides) a single table `tgt_emb` embeds source and
 target, so a subword the source shares with English (names, code,
 numbers, placeholders) has one vector: copying it is easy to learn. MoE layers replace every other FFN of both
 stacks (or the layers `encoder_moe_layers` / `decoder_moe_layers` name).
+With `pipeline_tpl` (GPipe, Huang et al. 2019) both stacks run as
+pipelines of K stages and M micro-batches (transformer.TransformerStack);
+the math, loss and gradients are those of the same model unpipelined, and
+decoding runs the same weights unpipelined.
 
 Loss (GShard §2.2): `loss = xent + sum_l aux_l`, where xent is the
 label-smoothed per-token cross-entropy averaged over non-padding target
@@ -30,6 +34,7 @@ trainer's decode and export modes use `CreateDecoder` (mt_decoder.py) and
 `CreateExportModule` (mt_export.py).
 """
 
+import numpy as np
 import tensorflow as tf
 
 from lingshard import hyperparams
@@ -58,6 +63,25 @@ def DecodeParams():
   p.Define('flat_beam', True, 'Flat beam search (GShard App. A.1) instead '
            'of re-ordering cached keys/values.')
   return p
+
+
+def _StageMesh(params):
+  """A pipelined model's 1-D mesh [K] as [1, K] (a data axis of 1).
+
+  Every layer splits the batch over mesh axis 0 (the data axis); on a
+  stages-only mesh that axis must not be the stage axis, or each micro-batch
+  would have to be gathered from all stages.
+  """
+  if (params.pipeline_tpl is None or params.device_mesh is None or
+      np.ndim(params.device_mesh) != 1):
+    return params
+  params = params.Copy()
+  params.device_mesh = np.reshape(params.device_mesh, [1, -1])
+  if params.mesh_axis_names is not None:
+    names = list(params.mesh_axis_names)
+    params.mesh_axis_names = [('replica' if 'data' in names else 'data')
+                              ] + names
+  return params
 
 
 class TransformerMTModel(base_model.BaseTask):
@@ -90,6 +114,13 @@ class TransformerMTModel(base_model.BaseTask):
              'Encoder layers with MoE FFNs; None = every other (1, 3, ...).')
     p.Define('decoder_moe_layers', None,
              'Decoder layers with MoE FFNs; None = every other (1, 3, ...).')
+    p.Define('pipeline_tpl', None,
+             'GPipe: pipeline.PipelinedLayer params for both stacks '
+             '(transformer.TransformerStack.pipeline_tpl); its '
+             'stage_mesh_axis None = the last axis of device_mesh (a data x '
+             'stage mesh puts data first; a 1-D mesh [K] is read as [1, K]: '
+             'stages only, the batch not split) and batch_mesh_axis None = '
+             'axis 0, the data axis. None = no pipeline.')
     p.Define('sos_id', 1, 'First decoder input token (BOS).')
     p.Define('eos_id', 2, 'End-of-sentence token.')
     p.Define('decode', DecodeParams(), 'Decoding hyper-parameters.')
@@ -108,10 +139,25 @@ class TransformerMTModel(base_model.BaseTask):
                     p.num_encoder_layers),
         moe_tpl=p.moe_tpl,
         moe_layers=(p.decoder_moe_layers if is_decoder else
-                    p.encoder_moe_layers))
+                    p.encoder_moe_layers),
+        pipeline_tpl=self._PipelineParams())
     return sp
 
+  def _PipelineParams(self):
+    """pipeline_tpl with the stage mesh axis resolved (see Params)."""
+    p = self.params
+    if p.pipeline_tpl is None:
+      return None
+    pp = p.pipeline_tpl.Copy()
+    if p.device_mesh is not None:
+      if pp.stage_mesh_axis is None:
+        pp.stage_mesh_axis = int(np.ndim(p.device_mesh)) - 1
+      if pp.batch_mesh_axis is None:
+        pp.batch_mesh_axis = 0
+    return pp
+
   def __init__(self, params):
+    params = _StageMesh(params)
     super().__init__(params)
     p = self.params
     emb = embedding.EmbeddingLayer.Params().Set(embedding_dim=p.model_dim)

@@ -171,9 +171,8 @@ class DenseT96L(M4Corpus):
   """GShard's deep dense baseline T(96L): 2.3B weights (Figure 6).
 
   48 encoder + 48 decoder layers, M = 1024, H = 8192, 16 heads. The paper
-  trains it with GPipe (the pipelined copy is registered with the GPipe
-  models); this is the same network unpipelined, batch-split over 2048
-  devices. Heads of key/value dim 64 (16 * 64 = M, the Transformer
+  trains it with GPipe (the pipelined copy is `gpipe.DenseT96L`); this is
+  the same network unpipelined, batch-split over 2048 devices. Heads of key/value dim 64 (16 * 64 = M, the Transformer
   default): with GShard's MoE setting of 128 the model would have 2.8B
   weights, not the reported 2.3B.
   """
@@ -198,11 +197,13 @@ TINY_EXPERT_HIDDEN = 256
 TINY_DENSE_HIDDEN = TINY_EXPERT_HIDDEN * 3 // 2 + TINY_EXPERTS // 4
 
 
-class _TinyCorpus(M4Corpus):
+class TinyCorpus(M4Corpus):
+  """The prepared corpus with the shared vocabulary (the Tiny configs)."""
   SHARED_VOCAB = True
 
 
-def _TinyTrain(p):
+def TinyTrain(p):
+  """The Tiny configs' training settings on TransformerMTModel params `p`."""
   # A high peak learning rate and no dropout: the demo trains for a few
   # epochs of the small corpus, too few for dropout to help, and dropout's
   # random bits slow each XLA CPU step.
@@ -217,7 +218,7 @@ def _TinyTrain(p):
 
 
 @model_registry.RegisterSingleTaskModel
-class TinyMoE(_TinyCorpus):
+class TinyMoE(TinyCorpus):
   """CPU-sized MoE Transformer: 8 experts, mesh of 8 devices.
 
   2 + 2 layers (the second of each stack MoE), M = 128, H = 256, 4 heads
@@ -230,11 +231,11 @@ class TinyMoE(_TinyCorpus):
   def Task(self):
     p = Transformer(4, hidden_dim=TINY_EXPERT_HIDDEN, num_experts=TINY_EXPERTS,
                     **TINY)
-    return _TinyTrain(p)
+    return TinyTrain(p)
 
 
 @model_registry.RegisterSingleTaskModel
-class TinyDense(_TinyCorpus):
+class TinyDense(TinyCorpus):
   """Dense twin of TinyMoE with the same matmul FLOPs per token.
 
   2 + 2 layers, M = 128, H = 386 (= 1.5 * 256 + 8/4, see TINY_DENSE_HIDDEN),
@@ -244,4 +245,4 @@ class TinyDense(_TinyCorpus):
 
   def Task(self):
     p = Transformer(4, hidden_dim=TINY_DENSE_HIDDEN, num_devices=8, **TINY)
-    return _TinyTrain(p)
+    return TinyTrain(p)

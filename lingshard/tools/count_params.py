@@ -23,6 +23,12 @@ mapping of every weight. Reports
   nominal top-k count without capacity padding; softmax included;
   embedding lookups, biases, norms and the length-dependent attention
   scores excluded).
+
+A GPipe stack (`pipeline.PipelinedLayer`, weights [K, S, ...] stacked over
+K stages of S slots) counts as its L layers: parameters and FLOPs are the
+body layer's times L (padded slots of unequal cells are not parameters);
+bytes per device count the stacked [K, S, ...] weights (padded slots
+included: they are allocated) split over the stage mesh axis.
 """
 
 import dataclasses
@@ -39,6 +45,7 @@ from lingshard.layers import embedding
 from lingshard.layers import ffn
 from lingshard.layers import layer_norm
 from lingshard.layers import moe
+from lingshard.layers import pipeline
 from lingshard.layers import softmax
 from lingshard.optim import adafactor
 
@@ -109,17 +116,39 @@ def _AdafactorSlotShapes(opt, shape, mapping):
   return out
 
 
-def _Walk(layer, parent_kind, visit):
-  """Calls visit(layer, kind, name, weight_params) for every weight."""
+def _Walk(layer, parent_kind, visit, stacked=None):
+  """Calls visit(layer, kind, name, weight_params, stacked) for every weight.
+
+  `stacked` is None, or for the body of a pipelined layer (pipeline) the
+  pipelined layer: its weights stand for L layers stacked [K, S, ...].
+  """
+  if isinstance(layer, pipeline.PipelinedLayer):
+    _Walk(layer.body, parent_kind, visit, stacked=layer)
+    return
   kind = _Kind(layer, parent_kind)
   for name, wp in sorted(layer.weight_params.items()):
-    visit(layer, kind, name, wp)
+    visit(layer, kind, name, wp, stacked)
   for _, child in sorted(layer.children.items()):
     kids = (child if isinstance(child, list) else
             [child[k] for k in sorted(child)] if isinstance(child, dict) else
             [child])
     for kid in kids:
-      _Walk(kid, kind, visit)
+      _Walk(kid, kind, visit, stacked)
+
+
+def _Stacked(pipe, shape, mapping):
+  """(layers, [K, S] + shape, its split mapping) of a pipelined weight."""
+  p = pipe.params
+  splits = pipe.StageSplits()
+  mesh = p.device_mesh
+  axis = -1 if p.stage_mesh_axis is None else p.stage_mesh_axis
+  if isinstance(axis, str):
+    axis = list(p.mesh_axis_names).index(axis)
+  if mapping is None:
+    mapping = [-1] * len(shape)
+  stacked_mapping = None if mesh is None else [axis, -1] + list(mapping)
+  return (sum(splits), [len(splits), max(splits)] + shape, stacked_mapping,
+          mesh, p.mesh_axis_names)
 
 
 def CountTask(task):
@@ -130,23 +159,26 @@ def CountTask(task):
   acc = dict(weight_bytes=0, slot_bytes=0, active=0, num=0)
   share = getattr(task.params, 'share_tgt_embedding_softmax', False)
 
-  def Visit(layer, kind, name, wp):
+  def Visit(layer, kind, name, wp, stacked):
     shape = [int(d) for d in wp.shape]
     n = int(np.prod(shape, dtype=np.int64))
     if kind == 'moe':
       kind = 'experts' if name in _EXPERT_WEIGHTS else 'gating'
-    by_kind[kind] += n
+    layers, mapping = 1, wp.tensor_split_dims_mapping
+    mesh, names = wp.device_mesh, layer.params.mesh_axis_names
+    active = _ActiveParams(layer, kind, name, shape, n, share)
+    if stacked is not None:
+      layers, shape, mapping, mesh, names = _Stacked(stacked, shape, mapping)
+    by_kind[kind] += layers * n
     acc['num'] += 1
-    names = layer.params.mesh_axis_names
     nbytes = _DTYPE_BYTES[wp.dtype.name if hasattr(wp.dtype, 'name') else
                           str(wp.dtype)]
-    acc['weight_bytes'] += nbytes * _ShardElements(
-        shape, wp.tensor_split_dims_mapping, wp.device_mesh, names)
-    for slot_shape, slot_map in _AdafactorSlotShapes(
-        opt, shape, wp.tensor_split_dims_mapping):
-      acc['slot_bytes'] += 4 * _ShardElements(slot_shape, slot_map,
-                                              wp.device_mesh, names)
-    acc['active'] += _ActiveParams(layer, kind, name, shape, n, share)
+    acc['weight_bytes'] += nbytes * _ShardElements(shape, mapping, mesh,
+                                                   names)
+    for slot_shape, slot_map in _AdafactorSlotShapes(opt, shape, mapping):
+      acc['slot_bytes'] += 4 * _ShardElements(slot_shape, slot_map, mesh,
+                                              names)
+    acc['active'] += layers * active
 
   _Walk(task, 'other', Visit)
   return Counts(by_kind=by_kind, total=sum(by_kind.values()),

@@ -124,3 +124,55 @@ def test_format():
   assert 'experts' in text and 'per device (8 devices)' in text
   counts = count_params.CountModel('m4.TinyMoE')
   assert f'{counts.total:,} parameters' in text
+
+
+# GPipe Table 1 (Transformer-L, M = 2048, H = 8192): key -> (L, K, paper
+# count, unit of its last printed digit).
+GPIPE_TABLE1 = {
+    'gpipe.TransformerL3': (3, 1, 282.2e6, 0.1e6),
+    'gpipe.TransformerL13': (13, 1, 785.8e6, 0.1e6),
+    'gpipe.TransformerL103': (103, 8, 5.3e9, 0.1e9),
+    'gpipe.TransformerL415': (415, 32, 21.0e9, 0.1e9),
+    'gpipe.TransformerL1663': (1663, 128, 83.9e9, 0.1e9),
+}
+
+
+@pytest.mark.parametrize('key', sorted(GPIPE_TABLE1))
+def test_gpipe_table1_counts(key):
+  num_layers, num_stages, paper, unit = GPIPE_TABLE1[key]
+  c = count_params.CountModel(key)
+  m = 2048
+  # ceil(L/2) encoder + floor(L/2) decoder layers; padded pipeline slots
+  # (cells of unequal size) are not counted.
+  cross = num_layers // 2 * 4 * m * m
+  assert c.by_kind['attention'] == num_layers * 4 * m * m + cross
+  assert c.by_kind['dense_ffn'] == num_layers * (2 * m * 8192 + 8192 + m)
+  assert c.by_kind['embedding'] == 2 * 32000 * m
+  # The paper counts no cross-attention: without it, the paper's figure
+  # (to its printed precision).
+  assert abs(c.total - cross - paper) <= unit / 2 + 5e-4 * paper
+  assert c.num_devices == num_stages
+
+
+@pytest.mark.parametrize('key', ['gpipe.TinyDensePipelined',
+                                 'gpipe.DenseT96L', 'gpipe.TransformerL103'])
+def test_pipelined_configs_count_like_their_unpipelined_twin(key):
+  p = model_registry.GetParams(key, 'Train').task
+  piped = count_params.CountTask(p.Instantiate())
+  plain = count_params.CountTask(p.Copy().Set(pipeline_tpl=None)
+                                 .Instantiate())
+  assert piped.by_kind == plain.by_kind
+  assert piped.flops_per_token == plain.flops_per_token
+  # Stage weights are split K ways (padded slots included); the rest is
+  # replicated.
+  assert piped.weight_bytes_per_device < plain.weight_bytes_per_device
+
+
+def test_pipelined_t96l_is_m4_t96l():
+  piped = count_params.CountModel('gpipe.DenseT96L')
+  plain = count_params.CountModel('m4.DenseT96L')
+  assert piped.by_kind == plain.by_kind and piped.num_devices == 2048
+  # 48 + 48 layers in K = 16 cells of 3 + 3: per device 1/16 of the layers.
+  layers = plain.total - plain.by_kind['embedding'] - 4 * 1024  # final LNs
+  rest = plain.total - layers
+  assert piped.weight_bytes_per_device == 4 * (rest + layers // 16)

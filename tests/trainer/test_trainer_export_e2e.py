@@ -51,10 +51,8 @@ def test_export_translates_like_decode(prepared_dir, tmp_path, model):
       'task.decode.max_decode_len=16'])
   base = [f'--model={model}', f'--logdir={logdir}',
           f'--params_override={overrides}']
-  # TinyMoE trains as the demo does: XLA-compiled (--jit) on batches that
-  # carry string leaves (src.strs, lang).
-  jit = ['--jit'] if model == 'm4.TinyMoE' else []
-  _Run(*base, '--mode=train', '--max_steps=3', *jit)
+  # (The demo's --jit training is tests/tools/test_demo_run.py's.)
+  _Run(*base, '--mode=train', '--max_steps=3')
   _Run(*base, '--mode=decode', '--eval_params_override=' + ';'.join([
       f"input.file_pattern='{prepared_dir}/{SPLIT}.tsv'",
       'input.bucket_upper_bounds=[8,16,32,64]',

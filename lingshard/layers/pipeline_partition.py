@@ -1,0 +1,68 @@
+"""Partitioning a stack of layers into K cells by cost (GPipe §2.2).
+
+GPipe splits a sequence of L layers into K cells of consecutive layers and
+places cell k on accelerator k; to balance the pipeline it minimises the
+variance of the estimated cell costs. Here the objective is the maximum
+cell cost (the slowest cell sets the pace of every pipeline iteration),
+solved exactly by dynamic programming over prefixes in O(K * L^2).
+"""
+
+
+def _CheckCosts(costs, num_stages):
+  costs = [float(c) for c in costs]
+  if any(c < 0 for c in costs):
+    raise ValueError(f'layer costs must be >= 0, got {costs}')
+  if not 1 <= num_stages <= len(costs):
+    raise ValueError(f'num_stages {num_stages} must be in [1, {len(costs)}] '
+                     f'for {len(costs)} layers')
+  return costs
+
+
+def MaxCellCost(costs, splits):
+  """The largest total cost of a cell; splits = layers per cell, in order."""
+  costs = [float(c) for c in costs]
+  if sum(splits) != len(costs):
+    raise ValueError(f'splits {list(splits)} cover {sum(splits)} layers, '
+                     f'not {len(costs)}')
+  out, start = 0.0, 0
+  for n in splits:
+    out = max(out, sum(costs[start:start + n]))
+    start += n
+  return out
+
+
+def PartitionByCost(costs, num_stages):
+  """K cell sizes (each >= 1) minimising the maximum cell cost.
+
+  Exact dynamic programming: best[k][j] is the smallest achievable maximum
+  cost of splitting the first j layers into k cells. Among optimal splits
+  the one with the latest cut points is returned (deterministic).
+
+  Args:
+    costs: L non-negative floats, the estimated cost of each layer.
+    num_stages: K, 1 <= K <= L.
+
+  Returns:
+    list of K ints summing to L.
+  """
+  costs = _CheckCosts(costs, num_stages)
+  n = len(costs)
+  prefix = [0.0]
+  for c in costs:
+    prefix.append(prefix[-1] + c)
+  inf = float('inf')
+  best = [[inf] * (n + 1) for _ in range(num_stages + 1)]
+  cut = [[0] * (n + 1) for _ in range(num_stages + 1)]
+  best[0][0] = 0.0
+  for k in range(1, num_stages + 1):
+    for j in range(k, n + 1):
+      for i in range(k - 1, j):
+        value = max(best[k - 1][i], prefix[j] - prefix[i])
+        if value <= best[k][j]:
+          best[k][j], cut[k][j] = value, i
+  splits, j = [], n
+  for k in range(num_stages, 0, -1):
+    i = cut[k][j]
+    splits.append(j - i)
+    j = i
+  return splits[::-1]

@@ -1,0 +1,172 @@
+"""GPipe's Transformer-L family (Huang et al. 2019, Table 1) and T(96L).
+
+GPipe §3 / Table 1: "Transformer-L" is L Transformer layers of model dim
+2048, feed-forward dim 8192 and 32 attention heads, with a 32k vocabulary,
+sequence length 1024 and batch 32; the model grows by adding layers, split
+into K cells on K accelerators (Pipeline-K):
+
+  config              K      L   paper    count_params  without cross-atten.
+  Naive-1 (no GPipe)  -      3   282.2M   298.9M        282.1M
+  Pipeline-1          1     13   785.8M   886.3M        785.7M
+  Pipeline-8          8    103   5.3B     6.17B         5.32B
+  Pipeline-32        32    415   21.0B    24.50B        21.03B
+  Pipeline-128      128   1663   83.9B    97.81B        83.87B
+
+(Table 1 is an image in ../shared/papers; its L and counts are those of
+the published table.) The paper's counts are L x 50.36M (one self-attention 4 * M^2 and one FFN
+2 * M * H, plus biases and norms) plus two 32k x 2048 tables (131M); the text
+gives 83.9B for 128 partitions, "298x" the single-accelerator model
+(83.9B / 282.2M) and "2.7x" from re-materialisation alone (785.8M /
+282.2M). Here Transformer-L is the zoo's encoder-decoder
+(`TransformerMTModel`) with ceil(L/2) encoder and floor(L/2) decoder layers,
+a source table and a target table shared with the softmax: each decoder
+layer also has cross-attention (4 * M^2 = 16.8M), which the paper's count
+does not have, so count_params reports the paper's figure plus
+floor(L/2) * 16.8M (last column: the count without cross-attention).
+
+Both stacks are pipelined over the same K stages (stage k holds the k-th cell
+of the encoder and of the decoder; `pipeline_partition` splits L/2 layers
+into K cells, padding the shorter cells: count_params does not count the
+padded slots, its per-device bytes do), with re-materialisation, on a
+1-D mesh of K devices (the stage axis). M = 32 micro-batches: Table 1
+measures the largest model that fits, and micro-batches of one sequence
+keep the least activation memory (§2.3); the paper does not give its M.
+
+`DenseT96L` is GShard's T(96L) (m4.DenseT96L: 48 + 48 layers, M = 1024,
+H = 8192, 16 heads) pipelined as GShard trained it: "GPipe on 2048 TPU v3
+cores" (GShard §4, Figure 6, Table 3). The paper does not give K; we use
+K = 16 cells (3 encoder + 3 decoder layers each) times 128 data-parallel
+replicas: a [128, 16] data x stage mesh of 2048 devices, M = 64 = 4K
+micro-batches (GPipe §2.3: the bubble is negligible for M >= 4K). Same
+weights as m4.DenseT96L.
+"""
+
+import numpy as np
+
+from lingshard import model_registry
+from lingshard.layers import pipeline
+from lingshard.models import mt_model
+from lingshard.params import m4
+
+MODEL_DIM = 2048
+HIDDEN_DIM = 8192
+NUM_HEADS = 32
+VOCAB_SIZE = 32000
+SEQ_LEN = 1024
+BATCH_SIZE = 32
+NUM_MICRO_BATCHES = 32
+
+
+def PipelineParams(num_stages, num_micro_batches, remat=True):
+  """PipelinedLayer params for TransformerMTModel.pipeline_tpl."""
+  return pipeline.PipelinedLayer.Params().Set(
+      num_stages=num_stages, num_micro_batches=num_micro_batches,
+      remat=remat)
+
+
+def TransformerL(num_layers, num_stages=None,
+                 num_micro_batches=NUM_MICRO_BATCHES):
+  """GPipe Transformer-L as TransformerMTModel params (see module doc).
+
+  Args:
+    num_layers: L, split ceil(L/2) encoder + floor(L/2) decoder layers.
+    num_stages: K cells on a 1-D mesh of K devices; None = no pipeline.
+    num_micro_batches: M.
+  """
+  p = mt_model.TransformerMTModel.Params().Set(
+      name='model', src_vocab_size=VOCAB_SIZE, tgt_vocab_size=VOCAB_SIZE,
+      model_dim=MODEL_DIM, hidden_dim=HIDDEN_DIM, num_heads=NUM_HEADS,
+      dim_per_head=MODEL_DIM // NUM_HEADS,
+      num_encoder_layers=(num_layers + 1) // 2,
+      num_decoder_layers=num_layers // 2,
+      share_tgt_embedding_softmax=True, label_smoothing=0.1)
+  if num_stages is not None:
+    p.pipeline_tpl = PipelineParams(num_stages, num_micro_batches)
+    if num_stages > 1:
+      p.device_mesh = np.arange(num_stages)
+  return p
+
+
+class _TransformerL(m4.M4Corpus):
+  """Transformer-L of GPipe Table 1: 1024-token sequences, batch 32."""
+  NUM_LAYERS = 0
+  NUM_STAGES = None
+
+  def _Input(self, split):
+    return super()._Input(split).Set(bucket_upper_bounds=[SEQ_LEN],
+                                     bucket_batch_limits=[BATCH_SIZE])
+
+  def Task(self):
+    return TransformerL(self.NUM_LAYERS, self.NUM_STAGES)
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerL3(_TransformerL):
+  """Naive-1 of GPipe Table 1: Transformer-3, one device, no GPipe."""
+  NUM_LAYERS = 3
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerL13(_TransformerL):
+  """Pipeline-1: Transformer-13, one cell, micro-batches + remat."""
+  NUM_LAYERS, NUM_STAGES = 13, 1
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerL103(_TransformerL):
+  """Pipeline-8: Transformer-103 over 8 cells."""
+  NUM_LAYERS, NUM_STAGES = 103, 8
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerL415(_TransformerL):
+  """Pipeline-32: Transformer-415 over 32 cells."""
+  NUM_LAYERS, NUM_STAGES = 415, 32
+
+
+@model_registry.RegisterSingleTaskModel
+class TransformerL1663(_TransformerL):
+  """Pipeline-128: Transformer-1663 over 128 cells (83.9B in the paper)."""
+  NUM_LAYERS, NUM_STAGES = 1663, 128
+
+
+T96L_STAGES = 16
+T96L_MICRO_BATCHES = 4 * T96L_STAGES
+
+
+@model_registry.RegisterSingleTaskModel
+class DenseT96L(m4.M4Corpus):
+  """GShard's T(96L) pipelined: K = 16 cells x 128 replicas (module doc)."""
+
+  def Task(self):
+    p = m4.Transformer(96, dim_per_head=64, num_devices=2048)
+    p.device_mesh = np.arange(2048).reshape(2048 // T96L_STAGES, T96L_STAGES)
+    p.mesh_axis_names = ['data', 'stage']
+    p.pipeline_tpl = PipelineParams(T96L_STAGES, T96L_MICRO_BATCHES)
+    return p
+
+
+# CPU-sized: m4.TinyDense's layers (M = 128, H = 386, 4 heads of 32, the
+# shared 4,000-piece table), 4 + 4 of them so that K = 4 cells hold one
+# encoder and one decoder layer each; M = 4 micro-batches (every bucket's
+# batch, 128 ... 16, divides by M times the data axis), remat on.
+TINY_STAGES = 4
+TINY_MICRO_BATCHES = 4
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyDensePipelined(m4.TinyCorpus):
+  """m4.TinyDense's layers, 4 + 4 deep, pipelined over K = 4 stages.
+
+  Mesh [2, 4]: data x stage (8 devices, as TinyDense); the stage axis is the
+  mesh's last (TransformerMTModel.pipeline_tpl), so `spmd_check --mesh=4`
+  runs it on a 4-stage axis alone and `--mesh=2,4` as data x stage.
+  """
+
+  def Task(self):
+    p = m4.Transformer(8, hidden_dim=m4.TINY_DENSE_HIDDEN, num_devices=8,
+                       **m4.TINY)
+    p.device_mesh = np.arange(8).reshape(2, TINY_STAGES)
+    p.mesh_axis_names = None
+    p.pipeline_tpl = PipelineParams(TINY_STAGES, TINY_MICRO_BATCHES)
+    return m4.TinyTrain(p)

@@ -1,0 +1,297 @@
+"""GPipe (Huang et al. 2019) §2.3 in miniature: re-materialisation memory and
+pipeline efficiency of a pipelined Transformer stack on virtual CPU devices.
+
+  .venv/bin/python scripts/bench_gpipe.py --out_dir=/tmp/bench_gpipe
+  .venv/bin/python scripts/bench_gpipe.py --quick   # a small subset
+
+The body is one Transformer encoder layer (transformer.TransformerLayer,
+model dim --model_dim, FFN --hidden_dim, sequences of --seq_len), stacked
+by `pipeline.PipelinedLayer`; the step is its train step (loss linear in the
+outputs, gradients of every weight), exported with every sharding
+annotation, partitioned by XLA's SPMD partitioner and compiled for K virtual
+CPU devices (lingshard.spmd.check with compare=False, then
+xla_runtime.CompileSpmd to run it).
+
+(a) Memory (§2.3): XLA's compiled memory statistics of one device's
+program (temp = the activations and gradients live at once) for L layers
+and M micro-batches of a mini-batch of N sequences, with and without
+re-materialisation, on K = 1 device. The paper: without re-materialisation
+O(N * L); with it O(N + (L/K) * (N/M)) (boundary activations of the N
+examples plus one cell's activations of one micro-batch). The table gives
+both in units of one sequence's activations of one layer.
+
+(b) Efficiency (§2.3): per-device FLOPs of the pipelined program (XLA cost
+analysis) for K stages and M micro-batches against the unpipelined step
+(K = 1, M = 1, one device) divided by K. The SPMD pipeline runs all K
+stages in each of its M + K - 1 iterations, bubble iterations included,
+so the FLOPs efficiency is M / (M + K - 1) = 1 - the bubble (K-1)/(M+K-1).
+The measured wall-clock speedup on K virtual CPU devices is printed too;
+the K virtual devices share this machine's cores, so it is bounded by the
+number of cores, not by K.
+
+Prints the tables, writes gpipe_memory.csv, gpipe_efficiency.csv and (with
+matplotlib) gpipe.png.
+"""
+
+import csv
+import os
+import statistics
+import time
+
+from absl import app
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_bool('quick', False, 'A small subset: L in {4, 16}, M in {1, '
+                  '8}; K in {2, 4}, M in {1, 8}.')
+flags.DEFINE_list('parts', ['memory', 'efficiency'],
+                  'Which tables to measure: memory, efficiency.')
+flags.DEFINE_list('mem_layers', ['4', '8', '16'], 'L of the memory table.')
+flags.DEFINE_list('mem_micro_batches', ['1', '2', '4', '8'],
+                  'M of the memory table.')
+flags.DEFINE_list('stages', ['2', '4', '8'], 'K of the efficiency table.')
+flags.DEFINE_list('micro_batches', ['1', '4', '8', '32'],
+                  'M of the efficiency table.')
+flags.DEFINE_integer('eff_layers', 8, 'L of the efficiency table (a '
+                     'multiple of every K).')
+flags.DEFINE_integer('batch_size', 32, 'Mini-batch N (sequences).')
+flags.DEFINE_integer('seq_len', 32, 'Sequence length T.')
+flags.DEFINE_integer('model_dim', 64, 'Model dim.')
+flags.DEFINE_integer('hidden_dim', 256, 'FFN hidden dim.')
+flags.DEFINE_integer('num_heads', 4, 'Attention heads.')
+flags.DEFINE_integer('run_reps', 5, 'Timed runs per program (median).')
+flags.DEFINE_string('out_dir', '/tmp/bench_gpipe',
+                    'Where to write the CSVs and the PNG.')
+
+MAX_DEVICES = 8
+
+
+def _LayerParams(num_layers, num_stages, num_micro_batches, remat):
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from lingshard.layers import pipeline
+  from lingshard.layers import transformer
+  # pylint: enable=g-import-not-at-top
+  body = transformer.TransformerLayer.Params().Set(
+      model_dim=FLAGS.model_dim, hidden_dim=FLAGS.hidden_dim,
+      num_heads=FLAGS.num_heads,
+      dim_per_head=FLAGS.model_dim // FLAGS.num_heads)
+  p = pipeline.PipelinedLayer.Params().Set(
+      name='stack', body_tpl=body, num_layers=num_layers,
+      num_stages=num_stages, num_micro_batches=num_micro_batches,
+      remat=remat)
+  if num_stages > 1:
+    p.device_mesh = np.arange(num_stages)
+    p.stage_mesh_axis = 0
+  return p
+
+
+def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False):
+  """Partitions one train step; returns (CheckResult, median run seconds)."""
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  import tensorflow as tf
+  from lingshard.nested_map import NestedMap
+  from lingshard.spmd import check
+  from lingshard.spmd import xla_runtime
+  # pylint: enable=g-import-not-at-top
+  layer = _LayerParams(num_layers, num_stages, num_micro_batches,
+                       remat).Instantiate()
+  n, t, m = FLAGS.batch_size, FLAGS.seq_len, FLAGS.model_dim
+  rng = np.random.RandomState(0)
+  inputs = NestedMap(
+      theta=layer.theta.Transform(lambda v: v.numpy()),
+      x=rng.normal(size=[n, t, m]).astype(np.float32),
+      paddings=np.zeros([n, t], np.float32),
+      cot=rng.normal(size=[n, t, m]).astype(np.float32))
+
+  def Step(ins):
+    theta = layer.ShardTheta(ins.theta)
+    leaves = theta.Flatten()
+    with tf.GradientTape() as tape:
+      tape.watch(leaves)
+      y, _ = layer.FProp(theta.Pack(leaves), ins.x, ins.paddings,
+                         step=tf.constant(1, tf.int64))
+      loss = tf.reduce_sum(y * ins.cot)
+    grads = theta.Pack(tape.gradient(loss, leaves))
+    return NestedMap(loss=loss, grads=layer.ShardTheta(grads))
+
+  result = check.CheckFunction(Step, inputs, num_stages, compare=False,
+                               name=f'L{num_layers} K{num_stages} '
+                               f'M{num_micro_batches} remat={remat}')
+  seconds = None
+  if run:
+    exe = xla_runtime.CompileSpmd(result.exported_hlo, num_stages)
+    values = [np.asarray(v) for v in inputs.Flatten()]
+    shapes = [np.shape(v) for v in NestedMap(
+        loss=np.zeros([]), grads=inputs.theta).Flatten()]
+    exe.Run(values, shapes)  # Warm-up.
+    times = []
+    for _ in range(FLAGS.run_reps):
+      start = time.perf_counter()
+      exe.Run(values, shapes)
+      times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+  return result, seconds
+
+
+def _MemoryRows(layers, micro_batches):
+  rows = []
+  n = FLAGS.batch_size
+  for num_layers in layers:
+    for mb in micro_batches:
+      row = dict(layers=num_layers, micro_batches=mb, stages=1)
+      for remat in (False, True):
+        r, _ = _Measure(num_layers, 1, mb, remat)
+        key = 'remat' if remat else 'plain'
+        row[f'temp_{key}'] = r.memory['temp']
+      row['measured_ratio'] = row['temp_plain'] / max(row['temp_remat'], 1)
+      row['paper_plain'] = n * num_layers  # O(N * L)
+      row['paper_remat'] = n + num_layers * n / mb  # O(N + L/K * N/M), K=1
+      row['paper_ratio'] = row['paper_plain'] / row['paper_remat']
+      rows.append(row)
+      print(f'# memory L={num_layers} M={mb}: plain {row["temp_plain"]:,} '
+            f'remat {row["temp_remat"]:,} B', flush=True)
+  return rows
+
+
+def _EfficiencyRows(stages, micro_batches):
+  ref, ref_seconds = _Measure(FLAGS.eff_layers, 1, 1, True, run=True)
+  rows = []
+  for k in stages:
+    for mb in micro_batches:
+      r, seconds = _Measure(FLAGS.eff_layers, k, mb, True, run=True)
+      kinds = r.CollectiveCounts()
+      rows.append(dict(
+          stages=k, micro_batches=mb, flops_per_device=r.flops,
+          unpipelined_flops=ref.flops,
+          flops_efficiency=ref.flops / k / r.flops,
+          bubble=(k - 1) / (mb + k - 1),
+          one_minus_bubble=mb / (mb + k - 1),
+          seconds=seconds, unpipelined_seconds=ref_seconds,
+          speedup=ref_seconds / seconds,
+          collective_permutes=kinds['collective-permute'],
+          all_gathers=kinds['all-gather']))
+      print(f'# efficiency K={k} M={mb}: {r.flops:,.0f} FLOPs/device, '
+            f'{seconds:.3f}s', flush=True)
+  return rows
+
+
+def _Fmt(v):
+  if isinstance(v, float):
+    return f'{v:.3g}' if abs(v) < 1000 else f'{v:,.0f}'
+  if isinstance(v, int):
+    return f'{v:,}'
+  return str(v)
+
+
+def _PrintTable(title, rows, cols):
+  print(f'\n{title}')
+  table = [cols] + [tuple(_Fmt(r[c]) for c in cols) for r in rows]
+  widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
+  for row in table:
+    print('  '.join(v.rjust(w) for v, w in zip(row, widths)))
+
+
+def _WriteCsv(path, rows):
+  with open(path, 'w', newline='', encoding='utf-8') as f:
+    writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+  print(f'wrote {path}')
+
+
+def _Plot(mem_rows, eff_rows, path):
+  try:
+    import matplotlib  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    print('matplotlib not installed: no PNG (pip install matplotlib)')
+    return
+  matplotlib.use('Agg')
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+  for num_layers in sorted({r['layers'] for r in mem_rows}):
+    pts = [r for r in mem_rows if r['layers'] == num_layers]
+    mbs = [r['micro_batches'] for r in pts]
+    line, = ax1.plot(mbs, [r['temp_plain'] / 2**20 for r in pts], 's--',
+                     label=f'L={num_layers} no remat')
+    ax1.plot(mbs, [r['temp_remat'] / 2**20 for r in pts], 'o-',
+             color=line.get_color(), label=f'L={num_layers} remat')
+  ax1.set_xscale('log', base=2)
+  ax1.set_xlabel('micro-batches M')
+  ax1.set_ylabel('XLA temp memory (MiB)')
+  ax1.set_title('(a) train-step memory, K = 1')
+  ax1.legend(fontsize=7)
+  for k in sorted({r['stages'] for r in eff_rows}):
+    pts = [r for r in eff_rows if r['stages'] == k]
+    mbs = [r['micro_batches'] for r in pts]
+    line, = ax2.plot(mbs, [r['flops_efficiency'] for r in pts], 'o',
+                     label=f'K={k} FLOPs')
+    ax2.plot(mbs, [r['one_minus_bubble'] for r in pts], '-',
+             color=line.get_color(), label=f'K={k} 1 - bubble')
+    ax2.plot(mbs, [r['speedup'] / k for r in pts], 'x:',
+             color=line.get_color(), label=f'K={k} wall-clock speedup / K')
+  ax2.set_xscale('log', base=2)
+  ax2.set_ylim(0, 1.05)
+  ax2.set_xlabel('micro-batches M')
+  ax2.set_title('(b) pipeline efficiency vs M / (M + K - 1)')
+  ax2.legend(fontsize=7)
+  fig.suptitle('GPipe §2.3 in miniature (pipelined Transformer stack)')
+  fig.tight_layout()
+  fig.savefig(path, dpi=100)
+  print(f'wrote {path}')
+
+
+def main(argv):
+  del argv
+  # pylint: disable=g-import-not-at-top
+  from lingshard.spmd import xla_runtime
+  # pylint: enable=g-import-not-at-top
+  xla_runtime.ConfigureCpuDevices(MAX_DEVICES)
+  if FLAGS.quick:
+    mem_layers, mem_mb, stages, mbs = [4, 16], [1, 8], [2, 4], [1, 8]
+  else:
+    mem_layers = [int(x) for x in FLAGS.mem_layers]
+    mem_mb = [int(x) for x in FLAGS.mem_micro_batches]
+    stages = [int(x) for x in FLAGS.stages]
+    mbs = [int(x) for x in FLAGS.micro_batches]
+  bad = [k for k in stages if k > MAX_DEVICES or FLAGS.eff_layers % k]
+  if bad:
+    raise app.UsageError(f'--stages {bad}: K must be <= {MAX_DEVICES} and '
+                         f'divide --eff_layers {FLAGS.eff_layers}')
+  start = time.time()
+  mem_rows = (_MemoryRows(mem_layers, mem_mb) if 'memory' in FLAGS.parts
+              else [])
+  eff_rows = (_EfficiencyRows(stages, mbs) if 'efficiency' in FLAGS.parts
+              else [])
+  _Report(mem_rows, eff_rows)
+  print(f'\n{time.time() - start:.0f}s in all')
+
+
+def _Report(mem_rows, eff_rows):
+  """Prints the tables, writes the CSVs and the PNG."""
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  if mem_rows:
+    _PrintTable(
+        f'(a) train-step temp memory (bytes), K = 1, N = '
+        f'{FLAGS.batch_size} sequences; paper columns in units of one '
+        'sequence-layer',
+        mem_rows, ('layers', 'micro_batches', 'temp_plain', 'temp_remat',
+                   'measured_ratio', 'paper_plain', 'paper_remat',
+                   'paper_ratio'))
+    _WriteCsv(os.path.join(FLAGS.out_dir, 'gpipe_memory.csv'), mem_rows)
+  if eff_rows:
+    _PrintTable(
+        f'(b) pipeline efficiency, L = {FLAGS.eff_layers}, remat on; FLOPs '
+        'efficiency = (unpipelined FLOPs / K) / per-device FLOPs',
+        eff_rows, ('stages', 'micro_batches', 'flops_per_device',
+                   'flops_efficiency', 'one_minus_bubble', 'bubble',
+                   'seconds', 'speedup', 'collective_permutes',
+                   'all_gathers'))
+    _WriteCsv(os.path.join(FLAGS.out_dir, 'gpipe_efficiency.csv'), eff_rows)
+  if mem_rows and eff_rows:
+    _Plot(mem_rows, eff_rows, os.path.join(FLAGS.out_dir, 'gpipe.png'))
+
+
+if __name__ == '__main__':
+  app.run(main)

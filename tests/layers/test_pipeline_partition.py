@@ -1,0 +1,49 @@
+"""PartitionByCost (GPipe §2.2): optimal consecutive cells by cost."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from lingshard.layers import pipeline_partition
+
+
+def _BruteForce(costs, k):
+  n = len(costs)
+  best = None
+  for cuts in itertools.combinations(range(1, n), k - 1):
+    bounds = (0,) + cuts + (n,)
+    splits = [b - a for a, b in zip(bounds, bounds[1:])]
+    value = pipeline_partition.MaxCellCost(costs, splits)
+    best = value if best is None else min(best, value)
+  return best
+
+
+def test_cost_partition_beats_equal_count_split_of_unequal_layers():
+  # An embedding-like heavy first layer, then light layers (GPipe §2.2).
+  costs = [8.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
+  splits = pipeline_partition.PartitionByCost(costs, 4)
+  assert splits[0] == 1 and sum(splits) == 8
+  assert pipeline_partition.MaxCellCost(costs, splits) == 8.0
+  assert pipeline_partition.MaxCellCost(costs, [2, 2, 2, 2]) == 9.0
+
+
+def test_cost_partition_is_optimal_against_brute_force():
+  rng = np.random.RandomState(0)
+  for _ in range(40):
+    n = rng.randint(1, 9)
+    k = rng.randint(1, n + 1)
+    costs = rng.randint(0, 10, size=n).astype(float).tolist()
+    splits = pipeline_partition.PartitionByCost(costs, k)
+    assert len(splits) == k and min(splits) >= 1 and sum(splits) == n
+    assert pipeline_partition.MaxCellCost(costs, splits) == _BruteForce(
+        costs, k)
+
+
+def test_bad_partition_arguments_are_one_line_errors():
+  with pytest.raises(ValueError, match=r'^num_stages 3 must be in \[1, 2\] '
+                     r'for 2 layers$'):
+    pipeline_partition.PartitionByCost([1.0, 2.0], 3)
+  with pytest.raises(ValueError, match=r'^splits \[1, 2\] cover 3 layers, '
+                     r'not 2$'):
+    pipeline_partition.MaxCellCost([1.0, 2.0], [1, 2])
