@@ -40,6 +40,7 @@ import tensorflow as tf
 from lingshard import base_input
 from lingshard import hyperparams
 from lingshard import model_registry
+from lingshard.layers import pipeline
 from lingshard.train import checkpointer
 from lingshard.train import decode_loop
 from lingshard.train import eval_loop
@@ -388,7 +389,8 @@ def main(argv):
     print(f'lingshard.trainer: {e}', file=sys.stderr, flush=True)
     sys.exit(train_loop.NON_FINITE_EXIT_CODE)
   except (ConfigError, overrides.OverrideError, strategies.StrategyError,
-          checkpointer.CheckpointError, base_input.InputError) as e:
+          checkpointer.CheckpointError, base_input.InputError,
+          pipeline.PipelineError) as e:
     print(f'lingshard.trainer: error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
 

@@ -4,6 +4,15 @@
 as K cells of consecutive layers (`StageSplits()`, by cost, GPipe §2.2) on
 M micro-batches of the mini-batch.
 
+Layers of different shapes (`body_tpl` a list of L layer params with one
+weight structure, e.g. FFN hidden dims or head counts that differ): every
+layer runs as the widest one (a listed layer with the largest shape of every
+weight) on its weights zero-padded to that shape. Zero-padded hidden units
+and heads contribute nothing and get zero gradients (activations with
+f(0) = 0: ReLU, GELU, Swish), so each layer computes exactly its own
+function; the cost is the widest layer's FLOPs in every slot. The stage
+splits balance each layer's own cost (2 x its weights by default).
+
 Weights: theta has the body's theta structure with every weight stacked to
 [K, S, ...], S = max(StageSplits()) slots per stage; dim K is split over the
 `stage_mesh_axis` of the device mesh (the body's own split mapping follows,
@@ -82,7 +91,9 @@ class PipelinedLayer(base_layer.BaseLayer):
   @classmethod
   def Params(cls):
     p = super().Params()
-    p.Define('body_tpl', None, 'Params of ONE layer; FProp(theta, x, '
+    p.Define('body_tpl', None, 'Params of ONE layer (all L positions '
+             'copy it) or a list of L layer params with one weight structure '
+             '(shapes may differ: see the module doc); FProp(theta, x, '
              'paddings, *extras, step=) -> (y, aux).')
     p.Define('num_layers', 0, 'L: number of copies of the body.')
     p.Define('num_stages', 1, 'K: number of pipeline stages (cells).')
@@ -92,8 +103,8 @@ class PipelinedLayer(base_layer.BaseLayer):
              'b: examples per micro-batch (or set num_micro_batches).')
     p.Define('remat', True, 'Recompute each stage forward in backprop.')
     p.Define('layer_costs', None,
-             'Optional L estimated layer costs; None = uniform (every layer '
-             'is a copy of body_tpl).')
+             'Optional L estimated layer costs; None = each layer\'s own '
+             'matmul FLOPs per token (2 x its weights, as count_params).')
     p.Define('stage_splits', None,
              'Optional K layer counts per stage; overrides layer_costs.')
     p.Define('stage_mesh_axis', None,
@@ -126,6 +137,7 @@ class PipelinedLayer(base_layer.BaseLayer):
         raise PipelineError(f'{p.name}: {name} must be > 0, got {value}')
     self._CheckMesh()
     d = self.__dict__
+    self._CreateBody()
     d['_splits'] = self._ComputeSplits()
     k, s = p.num_stages, max(d['_splits'])
     layer_ids = np.zeros([k, s], np.int64)
@@ -136,15 +148,7 @@ class PipelinedLayer(base_layer.BaseLayer):
       active[stage, :n] = 1.0
       start += n
     d['_layer_ids'], d['_active'] = layer_ids, active
-    # The body is not a child: its own variables are never created, the
-    # stacked ones below are. It keeps a parent so its path (and hence the
-    # seeds of its dropout) lies under this layer.
-    body_p = self._ChildParams('body', p.body_tpl)
-    body_p.device_mesh = None  # No annotations inside vectorized_map.
-    body = self._Adopt(body_p.Instantiate(), 'body')
-    d['_body'] = body
-    declared = body.DeclaredWeights()
-    d['_tpl'] = declared
+    declared = d['_tpl']
     d['_flat_keys'] = []
     for key, wp in declared.FlattenItems():
       flat = 'w_' + key.replace('.', '__').replace('[', '_').replace(']', '')
@@ -159,6 +163,58 @@ class PipelinedLayer(base_layer.BaseLayer):
       d['_flat_keys'].append((flat, key, wp))
 
   # ------------------------------------------------------------ structure
+  def _CreateBody(self):
+    """The executed body (the widest layer) and each layer's own weights.
+
+    The body is not a child: its own variables are never created, the
+    stacked ones are. It keeps a parent so its path (and hence the seeds of
+    its dropout) lies under this layer.
+    """
+    p, d = self.params, self.__dict__
+    tpls = p.body_tpl
+    if not isinstance(tpls, (list, tuple)):
+      tpls = [tpls] * p.num_layers
+    elif len(tpls) != p.num_layers:
+      raise PipelineError(f'{p.name}: body_tpl lists {len(tpls)} layers for '
+                          f'num_layers {p.num_layers}')
+    distinct = []  # Each distinct layer params once (a copied body: one).
+    for tpl in tpls:
+      if not any(tpl is t for t in distinct):
+        distinct.append(tpl)
+    declared = []
+    for tpl in distinct:
+      lp = self._ChildParams('body', tpl)
+      lp.device_mesh = None  # No annotations inside vectorized_map.
+      declared.append((lp, lp.Instantiate().DeclaredWeights()))
+    keys = [k for k, _ in declared[0][1].FlattenItems()]
+    shapes = {}
+    for _, dw in declared:
+      items = dw.FlattenItems()
+      if [k for k, _ in items] != keys or any(
+          len(wp.shape) != len(shapes.get(k, wp.shape)) for k, wp in items):
+        raise PipelineError(f'{p.name}: the body_tpl layers differ in their '
+                            'weights or weight ranks; a pipeline stacks one '
+                            'weight structure')
+      for k, wp in items:
+        shapes[k] = [max(a, b) for a, b in zip(shapes.get(k, wp.shape),
+                                               wp.shape)]
+    widest = [lp for lp, dw in declared
+              if all(list(wp.shape) == shapes[k]
+                     for k, wp in dw.FlattenItems())]
+    if not widest:
+      raise PipelineError(f'{p.name}: no body_tpl layer has the largest '
+                          'shape of every weight; list one that does')
+    d['_body'] = self._Adopt(widest[0].Instantiate(), 'body')
+    d['_tpl'] = self._body.DeclaredWeights()
+    by_tpl = {id(t): dw for t, (_, dw) in zip(distinct, declared)}
+    # Per layer: {weight key: its own WeightParams} (init, shape).
+    d['_layer_wps'] = [dict(by_tpl[id(t)].FlattenItems()) for t in tpls]
+
+  def _LayerCosts(self):
+    """Per layer: matmul FLOPs per token, 2 x its weights (count_params)."""
+    return [2.0 * sum(float(np.prod(wp.shape)) for wp in wps.values())
+            for wps in self._layer_wps]
+
   def _CheckMesh(self):
     p = self.params
     if p.stage_mesh_axis is None or p.device_mesh is None:
@@ -183,7 +239,7 @@ class PipelinedLayer(base_layer.BaseLayer):
       return splits
     costs = p.layer_costs
     if costs is None:
-      costs = [1.0] * n
+      costs = self._LayerCosts()
     if len(costs) != n:
       raise PipelineError(f'{p.name}: layer_costs has {len(costs)} entries '
                           f'for num_layers {n}')
@@ -230,10 +286,15 @@ class PipelinedLayer(base_layer.BaseLayer):
       for stage in range(p.num_stages):
         for slot in range(max(self._splits)):
           if self._active[stage, slot]:
-            path = f'{self.path}/layer_{self._layer_ids[stage, slot]:03d}/{key}'
+            index = self._layer_ids[stage, slot]
+            own = self._layer_wps[index][key]  # Its own shape and init.
+            path = f'{self.path}/layer_{index:03d}/{key}'
             seed = (base_layer.StableSeed(p.random_seed, path)
-                    if body_wp.init.seed is None else body_wp.init.seed)
-            rows.append(base_layer._InitialValue(body_wp, seed))  # pylint: disable=protected-access
+                    if own.init.seed is None else own.init.seed)
+            value = base_layer._InitialValue(own, seed)  # pylint: disable=protected-access
+            # A narrower layer's weight, zero-padded to the widest shape.
+            rows.append(tf.pad(value, [[0, w - o] for w, o in
+                                       zip(body_wp.shape, own.shape)]))
           else:
             rows.append(tf.zeros(body_wp.shape, body_wp.dtype))
       value = tf.reshape(tf.stack(rows), wp.shape)

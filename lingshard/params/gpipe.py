@@ -32,13 +32,8 @@ padded slots, its per-device bytes do), with re-materialisation, on a
 measures the largest model that fits, and micro-batches of one sequence
 keep the least activation memory (§2.3); the paper does not give its M.
 
-`DenseT96L` is GShard's T(96L) (m4.DenseT96L: 48 + 48 layers, M = 1024,
-H = 8192, 16 heads) pipelined as GShard trained it: "GPipe on 2048 TPU v3
-cores" (GShard §4, Figure 6, Table 3). The paper does not give K; we use
-K = 16 cells (3 encoder + 3 decoder layers each) times 128 data-parallel
-replicas: a [128, 16] data x stage mesh of 2048 devices, M = 64 = 4K
-micro-batches (GPipe §2.3: the bubble is negligible for M >= 4K). Same
-weights as m4.DenseT96L.
+GShard's T(96L), which GShard trained with GPipe, is `m4.DenseT96L`
+(16 stages x 128 data replicas).
 """
 
 import numpy as np
@@ -128,22 +123,6 @@ class TransformerL415(_TransformerL):
 class TransformerL1663(_TransformerL):
   """Pipeline-128: Transformer-1663 over 128 cells (83.9B in the paper)."""
   NUM_LAYERS, NUM_STAGES = 1663, 128
-
-
-T96L_STAGES = 16
-T96L_MICRO_BATCHES = 4 * T96L_STAGES
-
-
-@model_registry.RegisterSingleTaskModel
-class DenseT96L(m4.M4Corpus):
-  """GShard's T(96L) pipelined: K = 16 cells x 128 replicas (module doc)."""
-
-  def Task(self):
-    p = m4.Transformer(96, dim_per_head=64, num_devices=2048)
-    p.device_mesh = np.arange(2048).reshape(2048 // T96L_STAGES, T96L_STAGES)
-    p.mesh_axis_names = ['data', 'stage']
-    p.pipeline_tpl = PipelineParams(T96L_STAGES, T96L_MICRO_BATCHES)
-    return p
 
 
 # CPU-sized: m4.TinyDense's layers (M = 128, H = 386, 4 heads of 32, the

@@ -65,6 +65,7 @@ def main(argv):
     raise app.UsageError('--model is required (a registered model key)')
   # pylint: disable=g-import-not-at-top
   from lingshard import base_input
+  from lingshard.layers import pipeline
   from lingshard.spmd import check
   from lingshard.spmd import expect as expect_lib
   from lingshard.spmd import xla_runtime
@@ -76,7 +77,8 @@ def main(argv):
                  FLAGS.step, FLAGS.split_batch, FLAGS.rtol, FLAGS.print_hlo)
   except (LookupError, xla_runtime.JaxlibUnavailableError,
           xla_runtime.DeviceCountError, expect_lib.ExpectRuleError,
-          check.MeshShapeError, base_input.InputError) as e:
+          check.MeshShapeError, base_input.InputError,
+          pipeline.PipelineError) as e:
     sys.exit(f'spmd_check: error: {e}')
   sys.exit(0 if result.ok else 1)
 

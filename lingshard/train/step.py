@@ -65,9 +65,14 @@ class TrainStep:
     schedules.LearningRate(tp.lr_schedule, tp.learning_rate, tp.warmup_steps,
                            0)  # Validates the schedule name now.
     self.inject_nan_at_step = inject_nan_at_step
-    self._compiled = tf.function(self.Pure, jit_compile=jit)
-    self._jit_grads = tf.function(self.LossAndGrads, jit_compile=True)
-    self._jit_update = tf.function(self.Update, jit_compile=True)
+    # Plain TF (Lingvo style), no autograph: a configuration error raised
+    # while tracing (e.g. pipeline.PipelineError) reaches the trainer as
+    # itself, one line, not wrapped in autograph's StagingError.
+    self._compiled = tf.function(self.Pure, jit_compile=jit, autograph=False)
+    self._jit_grads = tf.function(self.LossAndGrads, jit_compile=True,
+                                  autograph=False)
+    self._jit_update = tf.function(self.Update, jit_compile=True,
+                                   autograph=False)
 
   def InitOptState(self, theta):
     """Initial optimizer state for theta (tensors shaped like the slots)."""

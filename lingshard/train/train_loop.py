@@ -99,7 +99,8 @@ class Trainer:
     # strategy; across replicas only the step's halves (jit_halves).
     self._jit_whole = (self._info.jit_step and self._info.kind == 'default')
     self._jit_halves = self._info.jit_step and not self._jit_whole
-    self.run_step = tf.function(self._RunStep, jit_compile=self._jit_whole)
+    self.run_step = tf.function(self._RunStep, jit_compile=self._jit_whole,
+                                autograph=False)  # As step.py.
 
   # ------------------------------------------------------------ the step
   def Step(self, batch):

@@ -206,15 +206,30 @@ def test_bad_configs_are_one_line_errors_naming_both_numbers():
     _Params(6, 2).Instantiate()
 
 
-def test_stage_split_over_4_devices_shifts_with_collective_permute():
-  p = _Params(4, 2, remat=True, stage_mesh_axis=0).Set(num_layers=4)
+@pytest.mark.parametrize('mesh,batch_axis', [((4,), None), ((2, 4), 0)])
+def test_stage_split_shifts_with_collective_permute(mesh, batch_axis):
+  """Stages over the last mesh axis; on 2 x 4 the batch over data (axis 0).
+
+  Micro-batches are rows i::M, so a data-split batch forms them without
+  moving data: only the stage shifts and all-reduces communicate.
+  """
+  stage_axis = len(mesh) - 1
+  p = _Params(4, 2, remat=True, stage_mesh_axis=stage_axis,
+              batch_mesh_axis=batch_axis).Set(num_layers=4)
   x, pad, ctx, _ = _Inputs()
+  split = None
+  if batch_axis is not None:
+    split = [[0, -1, -1], [0, -1], [0, -1]]
   r = check.CheckLayerParams(
-      p, (4,), [x, pad, ctx], fprop_kwargs={'step': np.int32(_STEP)},
+      p, mesh, [x, pad, ctx], fprop_kwargs={'step': np.int32(_STEP)},
+      input_split_dims_mapping=split,
       expect=['has:collective-permute', 'only:collective-permute,all-reduce',
               'no-all-gather:stack/w_fc__w', 'no-all-gather:stack/w_out__w'])
   assert r.ok, r.Report()
-  assert r.input_shardings['theta.layer.fc.w'].startswith('{devices=[4,1,1,1]')
+  # The stacked weights [K, S, ...]: K split 4 ways (replicated over data).
+  want = ('{devices=[4,1,1,1]' if len(mesh) == 1 else
+          '{devices=[4,1,1,1,2]0,4,1,5,2,6,3,7 last_tile_dim_replicate}')
+  assert r.input_shardings['theta.layer.fc.w'].startswith(want)
 
 
 def test_remat_program_keeps_less_in_memory():
@@ -262,3 +277,59 @@ def test_pipelined_transformer_decoder_layers_equal_the_plain_loop():
   loss, grads = Pipelined()
   np.testing.assert_allclose(loss.numpy(), want_loss.numpy(), rtol=1e-5)
   _AssertGradsClose(layer.LayerThetas(grads), layer.LayerThetas(want), 2)
+
+
+def test_layers_of_different_shapes_run_padded_to_the_widest():
+  """A list of body params (FFN hidden 4 ... 16): each layer computes its
+  own function on its own weights, split by its own cost."""
+  hidden = [4, 4, 4, 4, 16]
+  tpls = [pipeline_testlib.MlpBody.Params().Set(dim=_M, hidden=h)
+          for h in hidden]
+  layer = pipeline.PipelinedLayer.Params().Set(
+      name='stack', num_layers=_L, num_stages=2, num_micro_batches=2,
+      remat=True, body_tpl=tpls).Instantiate()
+  # Costs 2 x (9H + 4) = 80 x 4 and 296: by cost [4, 1] (max 320), not the
+  # equal-count [3, 2] (max 376).
+  assert layer.StageSplits() == [4, 1]
+  assert layer.theta.fc.w.shape == (2, 4, _M, 16)
+  own = [t.Copy().Set(name='own').Instantiate() for t in tpls]
+  x, pad, ctx, cot = _Inputs()
+  theta = layer.theta
+
+  def Own(index, layer_theta):
+    """Layer index's weights, unpadded to its own shapes."""
+    return own[index].theta.Pack([
+        w[tuple(slice(0, n) for n in mine.shape)] for w, mine in zip(
+            layer_theta.Flatten(), own[index].theta.Flatten())])
+
+  with tf.GradientTape() as tape:
+    h = x
+    for index, layer_theta in enumerate(layer.LayerThetas(theta)):
+      h, _ = own[index].FProp(Own(index, layer_theta), h, pad, ctx)
+    want_loss = tf.reduce_sum(h * cot)
+  want = tape.gradient(want_loss, theta, unconnected_gradients='zero')
+
+  @tf.function(autograph=False)
+  def Pipelined():
+    with tf.GradientTape() as tape:
+      y, _ = layer.FProp(theta, x, pad, ctx)
+      loss = tf.reduce_sum(y * cot)
+    return loss, tape.gradient(loss, theta, unconnected_gradients='zero')
+
+  loss, grads = Pipelined()
+  np.testing.assert_allclose(loss.numpy(), want_loss.numpy(), rtol=1e-5)
+  _AssertGradsClose(layer.LayerThetas(grads), layer.LayerThetas(want))
+  # The padded hidden units of the narrow layers stay zero: zero gradients.
+  fc_w = layer.LayerThetas(grads)[0].fc.w.numpy()
+  assert fc_w.shape == (_M, 16) and not fc_w[:, 4:].any()
+
+
+def test_layers_of_different_weight_structures_are_refused():
+  tpls = [pipeline_testlib.MlpBody.Params().Set(dim=_M, batch_norm=bn)
+          for bn in (False, True)]
+  with pytest.raises(pipeline.PipelineError, match=(
+      r'^stack: the body_tpl layers differ in their weights or weight ranks; '
+      r'a pipeline stacks one weight structure$')):
+    pipeline.PipelinedLayer.Params().Set(
+        name='stack', num_layers=2, num_stages=2, num_micro_batches=1,
+        body_tpl=tpls).Instantiate()

@@ -153,3 +153,23 @@ def test_gpipe_params_text_round_trip(key):
   q.FromText(p.ToText())
   assert q == p
   assert isinstance(q.task.pipeline_tpl, (hyperparams.Params, type(None)))
+
+
+def test_stages_only_mesh_keeps_the_batch_whole_and_only_shifts():
+  """A 1-D mesh [K] is read as [1, K] (data axis of 1): the batch is not
+  split over the stage axis, so forming micro-batches moves nothing and
+  the step's only collectives are the stage shifts and all-reduces.
+  (Parity: the layer on this mesh in test_pipeline.py, the model on 2 x 4
+  by the README's spmd_check.)"""
+  from lingshard.spmd import check  # pylint: disable=g-import-not-at-top
+  p = _Params(4, 2, layers=(4, 4))
+  p.device_mesh = np.arange(4)
+  task = p.Instantiate()
+  assert task.params.device_mesh.shape == (1, 4)
+  enc = task.enc.pipeline.params
+  assert (enc.stage_mesh_axis, enc.batch_mesh_axis) == (1, 0)
+  batch = mt_testlib.SyntheticBatch(task.params, batch_size=4, seed=2)
+  r = check.CheckTask(task, batch, (4,), expect=[
+      'has:collective-permute', 'only:collective-permute,all-reduce',
+      r'no-all-gather:\.pipeline\.'], compare=False)
+  assert r.ok, r.Report()

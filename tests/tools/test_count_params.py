@@ -155,7 +155,7 @@ def test_gpipe_table1_counts(key):
 
 
 @pytest.mark.parametrize('key', ['gpipe.TinyDensePipelined',
-                                 'gpipe.DenseT96L', 'gpipe.TransformerL103'])
+                                 'm4.DenseT96L', 'gpipe.TransformerL103'])
 def test_pipelined_configs_count_like_their_unpipelined_twin(key):
   p = model_registry.GetParams(key, 'Train').task
   piped = count_params.CountTask(p.Instantiate())
@@ -168,10 +168,12 @@ def test_pipelined_configs_count_like_their_unpipelined_twin(key):
   assert piped.weight_bytes_per_device < plain.weight_bytes_per_device
 
 
-def test_pipelined_t96l_is_m4_t96l():
-  piped = count_params.CountModel('gpipe.DenseT96L')
-  plain = count_params.CountModel('m4.DenseT96L')
-  assert piped.by_kind == plain.by_kind and piped.num_devices == 2048
+def test_t96l_is_pipelined_over_16_stages_of_2048_devices():
+  p = model_registry.GetParams('m4.DenseT96L', 'Train').task
+  piped = count_params.CountTask(p.Instantiate())
+  plain = count_params.CountTask(p.Copy().Set(pipeline_tpl=None)
+                                 .Instantiate())
+  assert piped.num_devices == 2048
   # 48 + 48 layers in K = 16 cells of 3 + 3: per device 1/16 of the layers.
   layers = plain.total - plain.by_kind['embedding'] - 4 * 1024  # final LNs
   rest = plain.total - layers

@@ -1,0 +1,60 @@
+"""The trainer on the pipelined twin of m4.TinyDense (GPipe), on the corpus
+prepared by lingshard.data.prepare: it trains, and a micro-batch count that
+does not divide the batch is one line naming both numbers."""
+
+import os
+
+import numpy as np
+import pytest
+import sentencepiece as spm
+
+from lingshard import trainer
+from lingshard.layers import pipeline
+from tests.trainer import trainer_testlib
+
+MODEL = 'gpipe.TinyDensePipelined'
+
+
+def _Overrides(prepared_dir, batch):
+  vocab = os.path.join(prepared_dir, 'vocab', 'spm_shared.model')
+  size = spm.SentencePieceProcessor(model_file=vocab).get_piece_size()
+  return ';'.join([
+      f"input.file_pattern='{prepared_dir}/train.tsv'",
+      f"input.src_vocab='{vocab}'", f"input.tgt_vocab='{vocab}'",
+      'input.bucket_upper_bounds=[64]', f'input.bucket_batch_limits=[{batch}]',
+      f'task.src_vocab_size={size}', f'task.tgt_vocab_size={size}'])
+
+
+def _Execute(*args):
+  lines = []
+  out = trainer.Execute(trainer_testlib.ParseFlags(*args),
+                        printer=lines.append)
+  return out, lines
+
+
+def test_trains_the_pipelined_tiny_dense(prepared_dir, tmp_path):
+  out, lines = _Execute(f'--model={MODEL}', f'--logdir={tmp_path}',
+                        '--mode=train', '--max_steps=2',
+                        '--params_override=' + _Overrides(prepared_dir, 8))
+  assert lines[-1].startswith('step 2/2 loss '), lines[-3:]
+  assert np.isfinite(out['loss'][0])
+
+
+def test_micro_batches_not_dividing_the_batch_is_one_line(prepared_dir,
+                                                          tmp_path):
+  overrides = (_Overrides(prepared_dir, 8) +
+               ';task.pipeline_tpl.num_micro_batches=3')
+  with pytest.raises(pipeline.PipelineError, match=(
+      r'^pipeline: num_micro_batches 3 does not divide the batch 8; use a '
+      r'divisor of 8$')):
+    _Execute(f'--model={MODEL}', f'--logdir={tmp_path}', '--mode=train',
+             '--max_steps=1', f'--params_override={overrides}')
+  # The CLI prints it as one line and exits 1.
+  run = trainer_testlib.RunTrainer(f'--model={MODEL}',
+                                   f'--logdir={tmp_path / "cli"}',
+                                   '--mode=train', '--max_steps=1',
+                                   f'--params_override={overrides}')
+  assert run.returncode == 1, run.stderr[-3000:]
+  assert run.stderr.rstrip().splitlines()[-1] == (
+      'lingshard.trainer: error: pipeline: num_micro_batches 3 does not '
+      'divide the batch 8; use a divisor of 8')
