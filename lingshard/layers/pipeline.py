@@ -250,6 +250,11 @@ class PipelinedLayer(base_layer.BaseLayer):
     """The one body layer instance (all L positions share it)."""
     return self.__dict__['_body']
 
+  def LayerShapes(self, key):
+    """L shapes of body weight `key` (e.g. 'fc.w'): each layer's own, which
+    differ from the stacked (widest) shape when body_tpl lists layers."""
+    return [list(wps[key].shape) for wps in self._layer_wps]
+
   def StageSplits(self):
     """Layers per stage (K ints)."""
     return list(self._splits)

@@ -25,8 +25,9 @@ mapping of every weight. Reports
   scores excluded).
 
 A GPipe stack (`pipeline.PipelinedLayer`, weights [K, S, ...] stacked over
-K stages of S slots) counts as its L layers: parameters and FLOPs are the
-body layer's times L (padded slots of unequal cells are not parameters);
+K stages of S slots) counts as its L layers: parameters and FLOPs are each
+layer's own (the body's times L, or for a list of layers of different
+shapes each one's unpadded weights; padded slots are not parameters);
 bytes per device count the stacked [K, S, ...] weights (padded slots
 included: they are allocated) split over the stage mesh axis.
 """
@@ -151,6 +152,12 @@ def _Stacked(pipe, shape, mapping):
           mesh, p.mesh_axis_names)
 
 
+def _BodyKey(pipe, layer, name):
+  """The key ('ffn.fc_in.w') of `layer`'s weight `name` in the body."""
+  rel = layer.path[len(pipe.body.path):].strip('/').replace('/', '.')
+  return f'{rel}.{name}' if rel else name
+
+
 def CountTask(task):
   """Counts of an instantiated (variable-free) task; see module doc."""
   by_kind = {k: 0 for k in KINDS}
@@ -168,8 +175,13 @@ def CountTask(task):
     mesh, names = wp.device_mesh, layer.params.mesh_axis_names
     active = _ActiveParams(layer, kind, name, shape, n, share)
     if stacked is not None:
+      own = [int(np.prod(s, dtype=np.int64))
+             for s in stacked.LayerShapes(_BodyKey(stacked, layer, name))]
+      # Each layer's own weights (listed layers may be narrower than the
+      # stacked, widest shape); a weight of rank >= 2 is multiplied.
+      n, active = sum(own), (sum(own) if active else 0)
       layers, shape, mapping, mesh, names = _Stacked(stacked, shape, mapping)
-    by_kind[kind] += layers * n
+    by_kind[kind] += layers * n if stacked is None else n
     acc['num'] += 1
     nbytes = _DTYPE_BYTES[wp.dtype.name if hasattr(wp.dtype, 'name') else
                           str(wp.dtype)]
@@ -178,7 +190,7 @@ def CountTask(task):
     for slot_shape, slot_map in _AdafactorSlotShapes(opt, shape, mapping):
       acc['slot_bytes'] += 4 * _ShardElements(slot_shape, slot_map, mesh,
                                               names)
-    acc['active'] += layers * active
+    acc['active'] += layers * active if stacked is None else active
 
   _Walk(task, 'other', Visit)
   return Counts(by_kind=by_kind, total=sum(by_kind.values()),
