@@ -178,3 +178,25 @@ def test_t96l_is_pipelined_over_16_stages_of_2048_devices():
   layers = plain.total - plain.by_kind['embedding'] - 4 * 1024  # final LNs
   rest = plain.total - layers
   assert piped.weight_bytes_per_device == 4 * (rest + layers // 16)
+
+
+def test_pipeline_of_layers_of_different_shapes_counts_each_layer_once():
+  """Listed layers (FFN hidden 4 and 16) are stacked at the widest shape;
+  the count is each layer's own weights, not the padded stack."""
+  from lingshard.layers import pipeline  # pylint: disable=g-import-not-at-top
+  from lingshard.models import base_model  # pylint: disable=g-import-not-at-top
+  from tests.layers import pipeline_testlib  # pylint: disable=g-import-not-at-top
+
+  class _Task(base_model.BaseTask):
+
+    def __init__(self, params):
+      super().__init__(params)
+      tpls = [pipeline_testlib.MlpBody.Params().Set(dim=4, hidden=h)
+              for h in (4, 16, 4)]
+      self.CreateChild('stack', pipeline.PipelinedLayer.Params().Set(
+          num_layers=3, num_stages=2, num_micro_batches=1, body_tpl=tpls))
+
+  c = count_params.CountTask(_Task.Params().Set(name='t').Instantiate())
+  own = [4 * h + h + h * 4 + 4 for h in (4, 16, 4)]  # fc w, b; out w, b
+  assert c.total == sum(own) == 228  # Padded stack: 3 x 148 = 444.
+  assert c.flops_per_token == 2 * sum(8 * h for h in (4, 16, 4))
