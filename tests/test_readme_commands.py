@@ -18,6 +18,7 @@ missing and how to prepare it; and the pins file format
 """
 
 import json
+import math
 import os
 import re
 import subprocess
@@ -94,6 +95,24 @@ def _CheckStats(r):
   assert re.search(rf'^ALL\s+{sum(train.values())}\b', r.stdout, re.M)
 
 
+def _CheckLmPrepare(r):
+  out = lib.Flag(r.argv, 'out')
+  for split in ('train', 'dev', 'test'):
+    m = re.search(rf'^{split}\s+([\d,]+) sentences\s+([\d,]+) words', r.stdout,
+                  re.M)
+    assert m, r.Why()
+    with open(r.Path(out, f'{split}.txt'), encoding='utf-8') as f:
+      lines = f.read().splitlines()
+    assert int(m.group(1).replace(',', '')) == len(lines) > 0
+    assert int(m.group(2).replace(',', '')) == sum(
+        len(line.split()) for line in lines)
+  with open(r.Path(out, 'vocab.txt'), encoding='utf-8') as f:
+    vocab = f.read().splitlines()
+  assert vocab[:4] == ['<pad>', '<s>', '</s>', '<unk>']
+  assert re.search(rf'^vocab {len(vocab):,d} words; dev OOV rate '
+                   rf'\d+\.\d\d%; wrote {re.escape(out)}$', r.stdout, re.M)
+
+
 def _StepLines(r):
   return re.findall(r'^step (\d+)/(\d+) loss \d+\.\d+', r.stdout, re.M)
 
@@ -107,18 +126,33 @@ def _CheckTrain(r):
   assert os.path.isfile(os.path.join(logdir, 'train', f'ckpt-{steps}.index'))
 
 
-def _TrainedStep():
-  return int(lib.Flag(_First('trainer --mode=train').argv, 'max_steps'))
+def _TrainedStep(r):
+  """max_steps of the README's train command writing to r's logdir."""
+  logdir = lib.Flag(r.argv, 'logdir')
+  train = next(c for c in COMMANDS if c.key == 'trainer --mode=train' and
+               lib.Flag(c.argv, 'logdir') == logdir)
+  return int(lib.Flag(train.argv, 'max_steps'))
 
 
 def _CheckEval(r):
-  step = _TrainedStep()
+  step = _TrainedStep(r)
   m = re.search(rf'^eval Dev step {step}: (.*)$', r.stdout, re.M)
   assert m, r.Why()
   metrics = dict(zip(m.group(1).split()[::2], m.group(1).split()[1::2]))
-  assert float(metrics['loss']) > 0 and float(metrics['num_tgt_tokens']) > 0
+  tokens = metrics.get('num_tgt_tokens', metrics.get('num_words'))
+  assert float(metrics['loss']) > 0 and float(tokens) > 0, metrics
   logdir = lib.Flag(r.argv, 'logdir')
-  assert os.path.isfile(r.Path(logdir, 'eval_dev', f'metrics-{step:08d}.json'))
+  path = r.Path(logdir, 'eval_dev', f'metrics-{step:08d}.json')
+  with open(path, encoding='utf-8') as f:
+    result = json.load(f)
+  if 'num_words' in metrics:  # The LM: corpus perplexity over words.
+    entry = result['languages']['all']
+    assert entry['pplx'] == pytest.approx(math.exp(entry['log_pplx']))
+    vocab = r.Path(lib.Flag(_First('lingshard.data.lm_prepare').argv, 'out'),
+                   'vocab.txt')
+    with open(vocab, encoding='utf-8') as f:
+      # Trained: below the uniform model's perplexity V.
+      assert 1.0 < entry['pplx'] < len(f.read().splitlines())
 
 
 def _CheckDecode(r):
@@ -139,7 +173,7 @@ def _CheckDecode(r):
 
 
 def _CheckExport(r):
-  step = _TrainedStep()
+  step = _TrainedStep(r)
   m = re.search(rf'^exported step {step} to (\S+)$', r.stdout, re.M)
   assert m, r.Why()
   assert os.path.isfile(r.Path(m.group(1), 'saved_model.pb')), m.group(1)
@@ -196,6 +230,7 @@ def _CheckSnippet(r):
 
 CHECKS = {
     'lingshard.data.prepare': _CheckPrepare,
+    'lingshard.data.lm_prepare': _CheckLmPrepare,
     'lingshard.data.stats': _CheckStats,
     'trainer --mode=train': _CheckTrain,
     'trainer --mode=eval': _CheckEval,
@@ -290,23 +325,31 @@ def _First(key):
   return next(c for c in COMMANDS if c.key == key)
 
 
-@pytest.mark.parametrize('key,prog', [
-    ('trainer --mode=train', 'lingshard.trainer'),
-    ('lingshard.tools.spmd_check', 'spmd_check'),
+@pytest.mark.parametrize('key,prog,model,prepare,train_file', [
+    ('trainer --mode=train', 'lingshard.trainer', 'm4.', 'lingshard.data.prepare',
+     'data/ui_m4/train.tsv'),
+    ('lingshard.tools.spmd_check', 'spmd_check', 'm4.', 'lingshard.data.prepare',
+     'data/ui_m4/train.tsv'),
+    ('trainer --mode=train', 'lingshard.trainer', 'lm1b.',
+     'lingshard.data.lm_prepare', 'data/lm_en/train.txt'),
+    ('lingshard.tools.spmd_check', 'spmd_check', 'lm1b.',
+     'lingshard.data.lm_prepare', 'data/lm_en/train.txt'),
 ])
-def test_readme_command_without_data_says_how_to_prepare(tmp_path, key, prog):
-  command = _First(key)
+def test_readme_command_without_data_says_how_to_prepare(
+    tmp_path, key, prog, model, prepare, train_file):
+  command = next(c for c in COMMANDS if c.key == key and
+                 lib.Flag(c.argv, 'model').startswith(model))
   proc = subprocess.run(lib.Executable(command.argv), cwd=str(tmp_path),
                         env=lib.Env(), capture_output=True, text=True,
                         timeout=TIMEOUT, check=False)
-  prepare = _First('lingshard.data.prepare').line
+  prepare = _First(prepare).line
   lines = lib.OwnStderrLines(proc.stderr)
   assert proc.returncode == 1, proc.stderr[-3000:]
   assert len(lines) == 1, proc.stderr[-3000:]
   assert re.fullmatch(
       rf'{prog}: error: (no corpus file matches|corpus file not found:) '
-      rf'data/ui_m4/train\.tsv; prepare the corpus with: {re.escape(prepare)}',
-      lines[0]), lines[0]
+      rf'{re.escape(train_file)}; prepare the corpus with: '
+      rf'{re.escape(prepare)}', lines[0]), lines[0]
   assert sorted(os.listdir(tmp_path)) == []  # Nothing written.
 
 

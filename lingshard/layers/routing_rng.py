@@ -97,9 +97,15 @@ def TokenHash(layer_seed, stream, step, token_index, num_sub=None):
 
 
 def HashToUniform(h):
-  """uint32 -> float32 in the open interval (0, 1): (top 24 bits + .5)/2^24."""
-  top = tf.cast(tf.bitwise.right_shift(h, _U32(8)), tf.float32)
-  return (top + 0.5) * np.float32(2.0**-24)
+  """uint32 -> float32 in the open interval (0, 1): (top 23 bits + .5)/2^23.
+
+  23 bits, not 24: `top + 0.5` must be exact in float32's 24-bit
+  significand. With 24 bits, (2^24 - 1) + 0.5 rounds to 2^24, u = 1.0 and
+  ndtri(u) = inf: one draw in 2^24, which put a NaN into the noisy gates of
+  an LM about once every thousand training steps.
+  """
+  top = tf.cast(tf.bitwise.right_shift(h, _U32(9)), tf.float32)
+  return (top + 0.5) * np.float32(2.0**-23)
 
 
 def TokenUniform(layer_seed, stream, step, token_index, num_sub=None):
@@ -115,7 +121,7 @@ def TokenGumbel(layer_seed, stream, step, token_index, num_sub=None):
 
 
 def TokenNormal(layer_seed, stream, step, token_index, num_sub=None):
-  """Standard normal draws by inverse CDF: ndtri(u), |z| <= ~5.3."""
+  """Standard normal draws by inverse CDF: ndtri(u), |z| <= 5.2."""
   u = TokenUniform(layer_seed, stream, step, token_index, num_sub)
   return tf.math.ndtri(u)
 

@@ -9,7 +9,7 @@ mapping of every weight. Reports
 
 - parameters by kind: embedding (source/target embeddings and softmax),
   attention (q/k/v/o projections), dense FFN, experts (MoE expert weights),
-  gating (MoE router weights), layer norm;
+  gating (MoE router weights), layer norm, LSTM;
 - bytes per device on the config's mesh: each weight's shard is
   prod_d ceil(dim_d / mesh size of its split axis) elements (XLA pads an
   uneven last shard); replicated weights count in full;
@@ -45,6 +45,7 @@ from lingshard.layers import attention
 from lingshard.layers import embedding
 from lingshard.layers import ffn
 from lingshard.layers import layer_norm
+from lingshard.layers import lstm
 from lingshard.layers import moe
 from lingshard.layers import pipeline
 from lingshard.layers import softmax
@@ -56,7 +57,7 @@ flags.DEFINE_string('model', 'm4.TinyMoE',
                     'Registered model key(s), comma separated.', flag_values=FLAGS)
 
 KINDS = ('embedding', 'attention', 'dense_ffn', 'experts', 'gating',
-         'layer_norm', 'other')
+         'layer_norm', 'lstm', 'other')
 _EXPERT_WEIGHTS = ('wi', 'wo', 'bi', 'bo')
 _LAYER_KINDS = (
     (embedding.EmbeddingLayer, 'embedding'),
@@ -65,6 +66,7 @@ _LAYER_KINDS = (
     (ffn.FeedForward, 'dense_ffn'),
     (moe.MoEBase, 'moe'),
     (layer_norm.LayerNorm, 'layer_norm'),
+    (lstm.LSTMLayer, 'lstm'),
 )
 _DTYPE_BYTES = {'float32': 4, 'bfloat16': 2, 'float16': 2, 'float64': 8,
                 'int32': 4, 'int64': 8}

@@ -159,11 +159,15 @@ def _AllFinite(tensors):
 
 
 def CountBatch(batch):
-  """(examples, non-padding target tokens) of a batch, float32 scalars."""
+  """(examples, non-padding target tokens) of a batch, float32 scalars.
+
+  Targets are `batch.tgt.paddings` (translation) or, without `tgt`,
+  `batch.paddings` (a language model's words).
+  """
   leaves = batch.Flatten()
   examples = tf.cast(tf.shape(leaves[0])[0], tf.float32) if leaves else 0.0
   tokens = tf.constant(0.0)
-  tgt = batch.get('tgt')
+  tgt = batch.get('tgt', batch)
   if isinstance(tgt, NestedMap) and 'paddings' in tgt:
     tokens = tf.reduce_sum(1.0 - tf.cast(tgt.paddings, tf.float32))
   return tf.cast(examples, tf.float32), tokens

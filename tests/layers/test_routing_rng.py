@@ -72,3 +72,18 @@ def test_global_token_index():
   np.testing.assert_array_equal(
       rr.GlobalTokenIndex([2, 3], token_offset=10).numpy(),
       [[10, 11, 12], [13, 14, 15]])
+
+
+def test_uniform_is_strictly_inside_zero_one_at_every_hash_extreme():
+  """The extreme hashes map inside (0, 1), so the normal and Gumbel draws
+  stay finite (a u of exactly 1.0 once gave ndtri(u) = inf)."""
+  h = tf.constant([0, 1, 511, 512, 2**31, 2**32 - 513, 2**32 - 512,
+                   2**32 - 1], tf.uint32)
+  u = rr.HashToUniform(h).numpy()
+  assert np.all(u > 0.0) and np.all(u < 1.0), u
+  assert u[0] == u[2] == np.float32(0.5 * 2.0**-23)
+  assert u[-1] == u[-2] == np.float32(1.0 - 0.5 * 2.0**-23)
+  z = tf.math.ndtri(u).numpy()
+  assert np.all(np.isfinite(z)) and np.abs(z).max() < 5.3, z
+  g = -np.log(-np.log(u.astype(np.float64)))
+  assert np.all(np.isfinite(g))

@@ -248,6 +248,11 @@ def test_batch_token_count():
                     src=NestedMap(ids=tf.zeros([2, 4], tf.int32)))
   examples, tokens = step_lib.CountBatch(batch)
   assert float(examples) == 2 and float(tokens) == 3
+  # A language model's batch: its words are the targets.
+  lm = NestedMap(ids=tf.zeros([2, 3], tf.int32),
+                 paddings=tf.constant([[0., 0., 0.], [0., 1., 1.]]))
+  examples, tokens = step_lib.CountBatch(lm)
+  assert float(examples) == 2 and float(tokens) == 4
 
 
 def _FinalTheta(t):
