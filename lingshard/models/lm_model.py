@@ -124,13 +124,13 @@ class LMTask(base_model.BaseTask):
     """(metrics, per_example): loss, log_pplx per word incl. </s>, aux."""
     weights_bt = 1.0 - tf.cast(input_batch.paddings, tf.float32)
     if 'logits' in predictions:
-      nll_bt = tf.nn.sparse_softmax_cross_entropy_with_logits(
-          labels=input_batch.labels,
-          logits=tf.cast(predictions.logits, tf.float32))
+      nll_bt = softmax.LabelSmoothedXent(predictions.logits,
+                                         input_batch.labels, weights_bt,
+                                         0.0).nll
     else:
       nll_bt = self.softmax.SampledNll(theta.softmax, predictions.outputs,
-                                       input_batch.labels, predictions.step)
-    nll_bt *= weights_bt
+                                       input_batch.labels,
+                                       predictions.step) * weights_bt
     num_words = tf.reduce_sum(weights_bt)
     log_pplx = tf.reduce_sum(nll_bt) / tf.maximum(num_words, 1.0)
     one = tf.constant(1.0)
