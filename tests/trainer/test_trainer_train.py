@@ -2,7 +2,6 @@
 bfloat16 activations, params.txt, summaries and the progress line."""
 
 import glob
-import os
 import re
 
 import numpy as np
@@ -150,17 +149,6 @@ class VectorMetricTask(regression_model.FeedForwardRegression):
     return metrics, per_example
 
 
-def _Events(directory):
-  out = {}
-  for path in glob.glob(os.path.join(directory, 'events.out.tfevents.*')):
-    for event in tf.compat.v1.train.summary_iterator(path):
-      for value in event.summary.value:
-        out.setdefault(value.tag, []).append(
-            (event.step, tf.make_ndarray(value.tensor),
-             value.metadata.plugin_data.plugin_name))
-  return out
-
-
 def test_summaries(tmp_path):
   p = _Params(**{'task.train.max_steps': 20})
   task_p = VectorMetricTask.Params()
@@ -169,7 +157,7 @@ def test_summaries(tmp_path):
       task_p.Set(**{key: value})
   p.task = task_p
   train_loop.Trainer(p, str(tmp_path), printer=lambda _: None).Train()
-  events = _Events(str(tmp_path / 'train'))
+  events = trainer_testlib.Events(str(tmp_path / 'train'))
   for tag in ('loss', 'mse', 'learning_rate', 'grad_norm', 'is_finite',
               'num_examples', 'steps_per_sec', 'examples_per_sec',
               'tokens_per_sec', 'expert_load/000', 'expert_load/002'):

@@ -1,12 +1,14 @@
 """Helpers for the trainer tests: parse trainer flags in-process, or run the
 trainer binary in a subprocess."""
 
+import glob
 import os
 import subprocess
 import sys
 
 from absl import flags
 from lingshard import trainer
+import tensorflow as tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -37,3 +39,16 @@ def RunTrainer(*args, timeout=300):
   return subprocess.run(TrainerCommand(*args), env=TrainerEnv(), cwd=REPO,
                         capture_output=True, text=True, timeout=timeout,
                         check=False)
+
+
+def Events(directory):
+  """{tag: [(step, value ndarray, plugin name)]} of a directory's
+  TensorBoard event files."""
+  out = {}
+  for path in glob.glob(os.path.join(directory, 'events.out.tfevents.*')):
+    for event in tf.compat.v1.train.summary_iterator(path):
+      for value in event.summary.value:
+        out.setdefault(value.tag, []).append(
+            (event.step, tf.make_ndarray(value.tensor),
+             value.metadata.plugin_data.plugin_name))
+  return out
