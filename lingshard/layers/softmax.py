@@ -32,10 +32,11 @@ def LabelSmoothedXent(logits_btv, labels_bt, weights_bt, label_smoothing):
   logits = tf.cast(logits_btv, tf.float32)
   weights = tf.cast(weights_bt, tf.float32)
   log_probs = tf.nn.log_softmax(logits, axis=-1)
-  # The label's log-probability by gather: no [B, T, V] one-hot (V is 793k
-  # for the 1B-word LMs).
-  nll = -tf.gather(log_probs, tf.cast(labels_bt, tf.int32)[..., tf.newaxis],
-                   batch_dims=2)[..., 0]
+  # A one-hot product, not a gather: XLA's SPMD partitioner keeps it local
+  # on a batch-split [B, T, V] (a batch_dims gather became all-gathers).
+  vocab = tf.shape(logits)[-1]
+  nll = -tf.reduce_sum(
+      log_probs * tf.one_hot(labels_bt, vocab, dtype=tf.float32), axis=-1)
   if label_smoothing:
     uniform = -tf.reduce_mean(log_probs, axis=-1)
     xent = (1.0 - label_smoothing) * nll + label_smoothing * uniform
