@@ -94,7 +94,10 @@ class BaseTask(base_layer.BaseLayer):
   def FProp(self, theta, input_batch, **kwargs):
     """Returns (metrics, per_example) for one batch.
 
-    kwargs (e.g. `step` for routing randomness) go to ComputePredictions.
+    kwargs go to ComputePredictions: `step` (dropout and routing
+    randomness) and `example_offset` (global index of the batch's first
+    example: the trainer passes replica id x per-replica batch, so MoE
+    routing keyed by global token is the same on any number of replicas).
     """
     predictions = self.ComputePredictions(theta, input_batch, **kwargs)
     metrics, per_example = self.ComputeLoss(theta, predictions, input_batch)

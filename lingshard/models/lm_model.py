@@ -93,7 +93,8 @@ class LMTask(base_model.BaseTask):
     """True when training uses the sampled softmax."""
     return bool(self.params.num_sampled) and not self.params.is_inference
 
-  def ComputePredictions(self, theta, input_batch, step=None):
+  def ComputePredictions(self, theta, input_batch, step=None,
+                         example_offset=0):
     """NestedMap(logits [B, T, V] (or, sampled training: outputs [B, T, M]
     and step), moe_aux (the MoE layer's aux or {}))."""
     paddings_bt = tf.cast(input_batch.paddings, tf.float32)
@@ -110,7 +111,11 @@ class LMTask(base_model.BaseTask):
       x = Residual(x, layer.FProp(layer_theta, x, paddings_bt))
     moe_aux = NestedMap()
     if self.params.moe_tpl is not None:
-      y, moe_aux = self.moe.FProp(theta.moe, x, paddings_bt, step=step)
+      # Routing noise is keyed by global word index (routing_rng).
+      token_offset = tf.cast(example_offset, tf.int64) * tf.shape(
+          x, out_type=tf.int64)[1]
+      y, moe_aux = self.moe.FProp(theta.moe, x, paddings_bt, step=step,
+                                  token_offset=token_offset)
       x = Residual(x, y)  # y is already sigmoid(MoE(x)) (App. C.1).
     for layer, layer_theta in zip(self.lstm_after, theta.lstm_after):
       x = Residual(x, layer.FProp(layer_theta, x, paddings_bt))

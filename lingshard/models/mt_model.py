@@ -198,8 +198,8 @@ class TransformerMTModel(base_model.BaseTask):
     return self.enc.FProp(theta.enc, x, src_paddings, step=step,
                           token_offset=token_offset)
 
-  def ComputePredictions(self, theta, input_batch, step=None, token_offset=0,
-                         **kwargs):
+  def ComputePredictions(self, theta, input_batch, step=None,
+                         example_offset=0, **kwargs):
     """Logits [B, T, V] of the target labels, and the FFN aux per stack.
 
     Args:
@@ -207,17 +207,23 @@ class TransformerMTModel(base_model.BaseTask):
       input_batch: NestedMap with src.ids/paddings [B, S] and
         tgt.ids/paddings [B, T] (lingshard.data.inputs layout).
       step: int64 scalar: dropout masks and MoE routing randomness.
-      token_offset: global index of the batch's first token (MoE routing).
+      example_offset: global index of the batch's first example (a replica's
+        share of a global batch starts at replica id x its batch): each
+        stack's MoE layers key routing randomness by global token index,
+        offset = example_offset x that stack's length (routing_rng).
       **kwargs: ignored.
     """
     del kwargs
     src, tgt = input_batch.src, input_batch.tgt
-    enc_bsm, enc_aux = self.Encode(theta, src.ids, src.paddings, step=step,
-                                   token_offset=token_offset)
+    example_offset = tf.cast(example_offset, tf.int64)
+    enc_bsm, enc_aux = self.Encode(
+        theta, src.ids, src.paddings, step=step,
+        token_offset=example_offset * tf.shape(src.ids, out_type=tf.int64)[1])
     y = self._Embed(theta, 'tgt', tgt.ids, step)
     dec_btm, dec_aux = self.dec.FProp(theta.dec, y, tgt.paddings, enc_bsm,
                                       src.paddings, step=step,
-                                      token_offset=token_offset)
+                                      token_offset=example_offset * tf.shape(
+                                          tgt.ids, out_type=tf.int64)[1])
     return NestedMap(logits=self._Logits(theta, dec_btm),
                      ffn_aux=NestedMap(enc=enc_aux, dec=dec_aux))
 

@@ -104,7 +104,8 @@ class TrainStep:
   def LossAndGrads(self, theta, batch, step):
     """Task metrics (float32, plus example/token counts) and gradients."""
     step = tf.cast(step, tf.int64)
-    metrics, _, grads = self.task.LossAndGradients(theta, batch, step=step)
+    metrics, _, grads = self.task.LossAndGradients(
+        theta, batch, step=step, example_offset=ExampleOffset(batch))
     out = NestedMap()
     for name, (value, weight) in metrics.items():
       if name in RESERVED_METRICS:
@@ -156,6 +157,21 @@ def _AllFinite(tensors):
   flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors
            if t.dtype.is_floating]
   return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+
+
+def ExampleOffset(batch):
+  """Global index of this replica's first example (int64 scalar).
+
+  strategies.DistributeBatch gives replica r rows [r b, (r + 1) b) of the
+  global batch, so r b; 0 with one replica. Tasks key routing randomness by
+  global token (routing_rng), so replicas route as one device would.
+  """
+  ctx = tf.distribute.get_replica_context()
+  if ctx is None or ctx.num_replicas_in_sync == 1:
+    return tf.constant(0, tf.int64)
+  leaves = batch.Flatten()
+  rows = tf.shape(leaves[0], out_type=tf.int64)[0]
+  return tf.cast(ctx.replica_id_in_sync_group, tf.int64) * rows
 
 
 def CountBatch(batch):
