@@ -51,7 +51,7 @@ def Main(zero_offset):
         p, batch_size=BATCH, src_len=SRC_LEN, tgt_len=TGT_LEN, seed=3))
 
     @tf.function(autograph=False)
-    def Run(local):
+    def Run(local, task=task, train_step=train_step):
       metrics, grads = train_step.LossAndGrads(task.theta, local,
                                                tf.constant(7, tf.int64))
       metrics, _ = step_lib.CrossReplicaMean(metrics, grads)
