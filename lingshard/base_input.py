@@ -38,6 +38,19 @@ class BaseInputGenerator:
   def __init__(self, params):
     self.params = params.Copy()
 
+  @classmethod
+  def ParamsForHost(cls, params, num_hosts, host_index):
+    """Params of host `host_index`'s input pipeline of `num_hosts`: its
+    own share of the examples, batches of global batch / num_hosts.
+    The trainer calls it with its `tf.distribute.InputContext`, so no two
+    hosts of a multi-host job read the same examples. Here: one host only;
+    inputs that shard override it."""
+    if num_hosts != 1:
+      raise InputError(f'{cls.__name__} cannot shard its examples over '
+                       f'{num_hosts} hosts (it defines no ParamsForHost)')
+    del host_index
+    return params.Copy()
+
   def GetDataset(self):
     """A tf.data.Dataset of NestedMap batches."""
     raise NotImplementedError(f'{type(self).__name__}.GetDataset')
@@ -54,6 +67,20 @@ class BaseInputGenerator:
   def LanguageCounts(self):
     """{language: examples} of the whole input, or None without languages."""
     return None
+
+
+def ShardBatchLimits(params, num_hosts, host_index):
+  """Copy of bucketed input params (`bucket_batch_limits` global, and
+  `num_hosts`, `host_index`) for one host: every limit divided by
+  num_hosts, which must divide it."""
+  for limit in params.bucket_batch_limits:
+    if limit % num_hosts:
+      raise InputError(f'bucket_batch_limits={list(params.bucket_batch_limits)}'
+                       f' (the global batch) must be divisible by the '
+                       f'{num_hosts} input hosts')
+  return params.Copy().Set(
+      num_hosts=num_hosts, host_index=host_index,
+      bucket_batch_limits=[b // num_hosts for b in params.bucket_batch_limits])
 
 
 def NumericBatch(batch):

@@ -38,6 +38,7 @@ from absl import flags
 import tensorflow as tf
 
 from lingshard import base_input
+from lingshard import config_check
 from lingshard import hyperparams
 from lingshard import model_registry
 from lingshard.layers import pipeline
@@ -355,6 +356,9 @@ def Execute(cfg, printer=Printer):
     raise ConfigError('--model is required (see --list_models)')
   CheckFlags(cfg)
   params, diff = BuildParams(cfg)
+  training = cfg.mode in ('train', 'train_and_eval')
+  if not training:  # Training checks once it knows its replicas.
+    config_check.Validate(params)
   if cfg.mode == 'print_params':
     printer(params.ToText().rstrip('\n'))
     return params
@@ -365,10 +369,12 @@ def Execute(cfg, printer=Printer):
   CheckLogdir(cfg.logdir)
   strategies.ConfigureCpuDevices(cfg.num_cpu_devices)
   tf.random.set_seed(cfg.seed if cfg.seed is not None else 1234)
-  if cfg.mode in ('train', 'train_and_eval'):
+  if training:
     _CheckTrainSteps(params)
     strategy, info = strategies.CreateStrategy(
         cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit)
+    config_check.Validate(params, strategy.num_replicas_in_sync,
+                          info.num_input_pipelines)
     printer(f'strategy {info.kind}: {strategy.num_replicas_in_sync} '
             f'replica(s), jit {"on" if info.jit_step else "off"}')
     return RunTrain(cfg, params, strategy, info, printer,
@@ -390,7 +396,7 @@ def main(argv):
     sys.exit(train_loop.NON_FINITE_EXIT_CODE)
   except (ConfigError, overrides.OverrideError, strategies.StrategyError,
           checkpointer.CheckpointError, base_input.InputError,
-          pipeline.PipelineError) as e:
+          pipeline.PipelineError, config_check.ConfigCheckError) as e:
     print(f'lingshard.trainer: error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
 

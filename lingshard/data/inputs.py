@@ -208,6 +208,12 @@ class MtInput(base_input.BaseInputGenerator):
       self._rows = rows
     return self._rows
 
+  @classmethod
+  def ParamsForHost(cls, params, num_hosts, host_index):
+    """This host's rows (every num_hosts-th of each language) and its share
+    of each bucket's global batch."""
+    return base_input.ShardBatchLimits(params, num_hosts, host_index)
+
   def SplitName(self, dataset):
     """`dev_unseen_en` for a file_pattern .../dev_unseen_en.tsv
     (`dev_unseen_en_noph` for .../dev_unseen_en.noph.tsv); for a glob,

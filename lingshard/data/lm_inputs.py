@@ -58,7 +58,15 @@ class LmInput(base_input.BaseInputGenerator):
     p.Define('eval_batch_size', 32, 'Eval batch size.')
     p.Define('shuffle_buffer_size', 10000, 'Training shuffle buffer.')
     p.Define('seed', 1234, 'Shuffle seed.')
+    p.Define('num_hosts', 1, 'Training: number of input hosts (workers).')
+    p.Define('host_index', 0, 'Training: this host\'s index; it reads '
+             'every num_hosts-th sentence from host_index on.')
     return p
+
+  @classmethod
+  def ParamsForHost(cls, params, num_hosts, host_index):
+    """This host's sentences and its share of each bucket's global batch."""
+    return base_input.ShardBatchLimits(params, num_hosts, host_index)
 
   @classmethod
   def ParamsForCorpus(cls, data_dir, split='train'):
@@ -105,7 +113,8 @@ class LmInput(base_input.BaseInputGenerator):
       ds = ds.map(lambda w: w[:max_len - 1]).padded_batch(
           p.eval_batch_size, padded_shapes=[max_len - 1])
       return ds.map(lambda w: _Batch(w, max_len))
-    ds = ds.filter(lambda w: tf.size(w) < max_len).repeat().shuffle(
+    ds = ds.shard(p.num_hosts, p.host_index).filter(
+        lambda w: tf.size(w) < max_len).repeat().shuffle(
         p.shuffle_buffer_size, seed=p.seed)
     bounds = list(p.bucket_upper_bounds)
     ds = ds.bucket_by_sequence_length(

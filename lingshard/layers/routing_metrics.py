@@ -139,6 +139,19 @@ def RoutingMetrics(routing, nonpad_gs, num_experts, importance_e=None,
   return m
 
 
+def WeightedMetrics(metrics, prefix):
+  """Sorted [(name, (value, weight))] of a layer's routing metrics for a
+  task's metrics: each weighted by the layer's real tokens (`num_tokens`),
+  so means over replicas or eval batches weight batches by their tokens;
+  `num_tokens` itself is a count (weight 1; the step sums counts over
+  replicas)."""
+  one = tf.constant(1.0)
+  tokens = tf.cast(metrics.get('num_tokens', one), tf.float32)
+  return [(name, (tf.cast(value, tf.float32),
+                  one if name.endswith('num_tokens') else tokens))
+          for name, value in FlattenMetrics(metrics, prefix)]
+
+
 def FlattenMetrics(metrics, prefix=''):
   """Sorted [(name, value)] of a (nested) dict/NestedMap, for summaries.
 

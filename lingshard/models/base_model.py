@@ -51,7 +51,12 @@ class BaseTask(base_layer.BaseLayer):
   Subclasses implement `ComputePredictions(theta, batch)` and
   `ComputeLoss(theta, predictions, batch)`, which returns
   `(metrics, per_example)`: metrics is a NestedMap of name -> (value,
-  weight) scalars and must contain `loss`.
+  weight) scalars and must contain `loss`. `loss` is a mean over its
+  weight (`LossWeight`: target tokens or examples) plus, optionally, the
+  metric `aux_loss`: a part of `loss` that is not such a mean (GShard's
+  aux loss is a mean over groups). Across replicas the step averages the
+  first part weighted by tokens and `aux_loss` with equal weight per
+  replica, so n replicas of a global batch train like one device.
 
   The trainer's other modes use three hooks: `InferenceParams` (the task
   of eval, decode and export), `CreateDecoder` (decode) and
@@ -106,20 +111,34 @@ class BaseTask(base_layer.BaseLayer):
                      '"loss" metric')
     return metrics, per_example
 
-  def LossAndGradients(self, theta, input_batch, **fprop_kwargs):
+  def LossWeight(self, input_batch):
+    """The weight ComputeLoss gives `loss` (loss[1]) on `input_batch`, from
+    the batch alone, so the step can sum it over replicas before the
+    gradients: non-padding target tokens (`tgt.paddings`, else `paddings`),
+    else the number of examples. Override with ComputeLoss."""
+    tgt = input_batch.get('tgt', input_batch)
+    if 'paddings' in tgt:
+      return tf.reduce_sum(1.0 - tf.cast(tgt.paddings, tf.float32))
+    return tf.cast(tf.shape(input_batch.Flatten()[0])[0], tf.float32)
+
+  def LossAndGradients(self, theta, input_batch, objective=None,
+                       **fprop_kwargs):
     """The pure step math: (metrics, per_example, grads) for explicit theta.
 
     `theta` may hold tensors (function arguments) or variables; the weights
     are sharding-annotated first so their layout reaches XLA. The trainer,
     the SPMD checker and export all call this; nothing else builds the
-    model's math.
+    model's math. `objective(metrics)` -> the scalar to differentiate
+    (default `metrics.loss[0]`; the step passes a replica's share of the
+    global loss).
     """
     leaves = theta.Flatten()
     with tf.GradientTape() as tape:
       tape.watch(leaves)
       metrics, per_example = self.FProp(self.ShardTheta(theta), input_batch,
                                         **fprop_kwargs)
-    grads = tape.gradient(metrics.loss[0], leaves,
+      target = metrics.loss[0] if objective is None else objective(metrics)
+    grads = tape.gradient(target, leaves,
                           unconnected_gradients=tf.UnconnectedGradients.ZERO)
     # Gathers (embeddings) give IndexedSlices; optimizers and the SPMD
     # checker take dense tensors.
@@ -144,8 +163,14 @@ class SingleTaskModel:
     self.params = params.Copy().Freeze()
     self.task = params.task.Instantiate()
 
-  def GetInput(self):
-    """Instantiates the input generator from `params.input`."""
-    if self.params.input is None:
+  def GetInput(self, input_context=None):
+    """Instantiates the input generator from `params.input`; with a
+    tf.distribute.InputContext, this input pipeline's share
+    (`ParamsForHost`: its own examples, global batch / pipelines)."""
+    p = self.params.input
+    if p is None:
       raise ValueError('model params have no input set')
-    return self.params.input.Instantiate()
+    if input_context is not None:
+      p = p.cls.ParamsForHost(p, input_context.num_input_pipelines,
+                              input_context.input_pipeline_id)
+    return p.Instantiate()

@@ -144,9 +144,9 @@ class LMTask(base_model.BaseTask):
     aux = predictions.moe_aux
     if aux:
       aux_loss = tf.cast(aux.aux_loss, tf.float32)  # Weighted by the layer.
-      for key, value in routing_metrics.FlattenMetrics(aux.get('metrics', {}),
-                                                       'moe'):
-        metrics[key] = (tf.cast(value, tf.float32), one)
+      for key, pair in routing_metrics.WeightedMetrics(
+          aux.get('metrics', NestedMap()), 'moe'):
+        metrics[key] = pair
     nll_key = 'log_pplx' if 'logits' in predictions else 'sampled_nll'
     metrics.update(
         loss=(log_pplx + aux_loss, num_words), aux_loss=(aux_loss, one),

@@ -248,8 +248,8 @@ class TransformerMTModel(base_model.BaseTask):
         aux_loss = tf.cast(aux.aux_loss, tf.float32)
         aux_total += aux_loss  # Weighted by the layer: added as is.
         metrics[f'{prefix}_aux_loss'] = (aux_loss, one)
-        for key, value in routing_metrics.FlattenMetrics(aux.metrics, prefix):
-          metrics[key] = (tf.cast(value, tf.float32), one)
+        for key, pair in routing_metrics.WeightedMetrics(aux.metrics, prefix):
+          metrics[key] = pair
     loss = avg_xent + aux_total
     num_src = tf.reduce_sum(1.0 - tf.cast(src.paddings, tf.float32))
     metrics.update(

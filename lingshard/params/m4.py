@@ -37,6 +37,7 @@ The data: `DATA_DIR` (a `lingshard.data.prepare` output directory) read by
 """
 
 import numpy as np
+import tensorflow as tf
 
 from lingshard import model_registry
 from lingshard.base_model_params import SingleTaskModelParams
@@ -116,13 +117,36 @@ class M4Corpus(SingleTaskModelParams):
     return self._Input(splits.TEST_UNSEEN)
 
 
-class _GShardMoE(M4Corpus):
+# GShard Table 3: "Batch sz. (Tokens) 4M" per step on 2048 TPU v3 cores.
+# Three length buckets of 2^22 target tokens each (static shapes: one XLA
+# program per bucket on TPU).
+PAPER_BUCKET_UPPER_BOUNDS = [32, 64, 128]
+PAPER_BUCKET_BATCH_LIMITS = [2**22 // t for t in PAPER_BUCKET_UPPER_BOUNDS]
+# G = 2048 groups of S = 2048 tokens in every bucket: one group per core on
+# the 2048-core configs; on 128 / 512 cores, 16 / 4 groups per core, so a
+# group's [S, E, C] dispatch tensors (2 S^2 elements) stay those of the
+# 2048-core runs instead of growing 256x / 16x with one group per core.
+PAPER_NUM_GROUPS = 2048
+
+
+class PaperScale(M4Corpus):
+  """The paper's training batch (PAPER_*) on the prepared corpus."""
+
+  def Train(self):
+    return super().Train().Set(
+        bucket_upper_bounds=list(PAPER_BUCKET_UPPER_BOUNDS),
+        bucket_batch_limits=list(PAPER_BUCKET_BATCH_LIMITS))
+
+
+class _GShardMoE(PaperScale):
   """MoE(E, L) of GShard Table 1."""
   NUM_EXPERTS = 0
   NUM_LAYERS = 0
 
   def Task(self):
-    return Transformer(self.NUM_LAYERS, num_experts=self.NUM_EXPERTS)
+    p = Transformer(self.NUM_LAYERS, num_experts=self.NUM_EXPERTS)
+    p.moe_tpl.num_groups = PAPER_NUM_GROUPS
+    return p
 
 
 @model_registry.RegisterSingleTaskModel
@@ -163,8 +187,18 @@ class MoE2048E36L(_GShardMoE):
 
 @model_registry.RegisterSingleTaskModel
 class MoE2048E60L(_GShardMoE):
-  """GShard MoE(2048E, 60L): 1T weights, 2048 devices (Table 1, last row)."""
+  """GShard MoE(2048E, 60L): 1T weights, 2048 devices (Table 1, last row).
+
+  The paper trained it with bfloat16 activations (§4.1): float32 weights
+  (cast per use), bfloat16 matmuls and activations; gating softmax, aux
+  loss and the loss stay float32 (Algorithm 1; gating.py, softmax.py).
+  """
   NUM_EXPERTS, NUM_LAYERS = 2048, 60
+
+  def Task(self):
+    p = super().Task()
+    p.fprop_dtype = tf.bfloat16
+    return p
 
 
 T96L_STAGES = 16
@@ -172,7 +206,7 @@ T96L_MICRO_BATCHES = 4 * T96L_STAGES
 
 
 @model_registry.RegisterSingleTaskModel
-class DenseT96L(M4Corpus):
+class DenseT96L(PaperScale):
   """GShard's deep dense baseline T(96L): 2.3B weights (Figure 6).
 
   48 encoder + 48 decoder layers, M = 1024, H = 8192, 16 heads of key/value

@@ -40,6 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard import base_input
+from lingshard import config_check
 from lingshard import model_registry
 from lingshard import sharding
 from lingshard.nested_map import NestedMap
@@ -395,6 +396,7 @@ def CheckModel(model_key, mesh_shape, *, dataset='Train', step=0,
   xla_runtime.CpuDevices(int(np.prod(mesh_shape)))
   params = model_registry.GetParams(model_key, dataset)
   params.task = _WithMesh(params.task, mesh_shape)
+  config_check.Validate(params)
   model = params.Instantiate()
   batch = FirstBatch(model.GetInput())
   return CheckTask(model.task, batch, mesh_shape, name=model_key, step=step,

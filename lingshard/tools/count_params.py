@@ -34,11 +34,13 @@ included: they are allocated) split over the stage mesh axis.
 
 import dataclasses
 import math
+import sys
 
 from absl import flags
 import numpy as np
 
 from lingshard.tools import cli
+from lingshard import config_check
 from lingshard import model_registry
 from lingshard import sharding
 from lingshard.layers import attention
@@ -220,7 +222,7 @@ def _ActiveParams(layer, kind, name, shape, n, share_tgt_softmax):
 def CountModel(model_key):
   """Counts of a registered model (its Train params), allocating nothing."""
   params = model_registry.GetParams(model_key, 'Train')
-  return CountTask(params.task.Instantiate())
+  return CountTask(config_check.Validate(params))
 
 
 def _Human(n, unit=''):
@@ -257,7 +259,11 @@ def FormatCounts(model_key, c):
 def main(argv):
   del argv
   for key in FLAGS.model.split(','):
-    print(FormatCounts(key, CountModel(key.strip())))
+    try:
+      counts = CountModel(key.strip())
+    except (LookupError, config_check.ConfigCheckError) as e:
+      sys.exit(f'count_params: error: {e}')
+    print(FormatCounts(key, counts))
 
 
 if __name__ == '__main__':

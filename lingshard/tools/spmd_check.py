@@ -65,6 +65,7 @@ def main(argv):
     raise app.UsageError('--model is required (a registered model key)')
   # pylint: disable=g-import-not-at-top
   from lingshard import base_input
+  from lingshard import config_check
   from lingshard.layers import pipeline
   from lingshard.spmd import check
   from lingshard.spmd import expect as expect_lib
@@ -78,7 +79,7 @@ def main(argv):
   except (LookupError, xla_runtime.JaxlibUnavailableError,
           xla_runtime.DeviceCountError, expect_lib.ExpectRuleError,
           check.MeshShapeError, base_input.InputError,
-          pipeline.PipelineError) as e:
+          pipeline.PipelineError, config_check.ConfigCheckError) as e:
     sys.exit(f'spmd_check: error: {e}')
   sys.exit(0 if result.ok else 1)
 

@@ -3,8 +3,8 @@
     TrainStep(theta, opt_state, batch, step) -> (theta', opt_state', metrics)
 
 of NestedMaps of tensors and the int64 number of updates done before this
-one. It calls `task.LossAndGradients` (THE step math), averages across
-replicas when there are several, clips by global norm, applies the optimizer
+one. It calls `task.LossAndGradients` (THE step math), sums the
+replicas' shares of the global loss when there are several, clips by global norm, applies the optimizer
 with the scheduled learning rate, and refuses the update (returns the inputs)
 when the loss, the gradients, the new weights or the new optimizer slots are
 not finite. Nothing in it reads or writes variables, so the same function is
@@ -89,29 +89,43 @@ class TrainStep:
     tf.function (`batch` already numeric). `jit_halves`: compile the
     loss/gradient and update halves as XLA clusters (several replicas
     cannot share one XLA program)."""
+    total_weight = _GlobalLossWeight(self.task, batch)
     if not jit_halves:
-      return self.Pure(theta, opt_state, batch, step)
-    metrics, grads = self._jit_grads(theta, batch, step)
-    metrics, grads = CrossReplicaMean(metrics, grads)
+      return self.Pure(theta, opt_state, batch, step, total_weight)
+    metrics, grads = self._jit_grads(theta, batch, step, total_weight)
+    metrics, grads = CrossReplicaSum(metrics, grads)
     return self._jit_update(theta, opt_state, grads, metrics, step)
 
-  def Pure(self, theta, opt_state, batch, step):
+  def Pure(self, theta, opt_state, batch, step, total_weight=None):
     """The uncompiled step (what `__call__` compiles)."""
-    metrics, grads = self.LossAndGrads(theta, batch, step)
-    metrics, grads = CrossReplicaMean(metrics, grads)
+    metrics, grads = self.LossAndGrads(theta, batch, step, total_weight)
+    metrics, grads = CrossReplicaSum(metrics, grads)
     return self.Update(theta, opt_state, grads, metrics, step)
 
-  def LossAndGrads(self, theta, batch, step):
-    """Task metrics (float32, plus example/token counts) and gradients."""
+  def LossAndGrads(self, theta, batch, step, total_weight=None):
+    """Task metrics (float32, plus example/token counts) and gradients.
+
+    With several replicas (`total_weight`: the loss weights summed over
+    them) the gradients and `loss` are this replica's share of the global
+    loss (`ReplicaObjective`); CrossReplicaSum adds the shares up.
+    """
     step = tf.cast(step, tf.int64)
+    objective = None
+    if total_weight is not None:
+      num_replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+      def objective(m):
+        return ReplicaObjective(m, total_weight, num_replicas)
     metrics, _, grads = self.task.LossAndGradients(
-        theta, batch, step=step, example_offset=ExampleOffset(batch))
+        theta, batch, objective=objective, step=step,
+        example_offset=ExampleOffset(batch))
     out = NestedMap()
     for name, (value, weight) in metrics.items():
       if name in RESERVED_METRICS:
         raise ValueError(f'task metric {name!r} clashes with a trainer metric '
                          f'({", ".join(RESERVED_METRICS)})')
       out[name] = (tf.cast(value, tf.float32), tf.cast(weight, tf.float32))
+    if objective is not None:
+      out.loss = (tf.cast(objective(metrics), tf.float32), out.loss[1])
     if self.inject_nan_at_step is not None:
       bad = tf.equal(step + 1, self.inject_nan_at_step)
       loss, weight = out.loss
@@ -189,31 +203,61 @@ def CountBatch(batch):
   return tf.cast(examples, tf.float32), tokens
 
 
-def CrossReplicaMean(metrics, grads):
-  """Weighted mean over replicas of metrics and gradients.
+def _GlobalLossWeight(task, batch):
+  """The task's loss weights summed over replicas; None with one."""
+  ctx = tf.distribute.get_replica_context()
+  if ctx is None or ctx.num_replicas_in_sync == 1:
+    return None
+  return ctx.all_reduce(tf.distribute.ReduceOp.SUM,
+                        tf.cast(task.LossWeight(batch), tf.float32))
 
-  Each replica's loss is a mean over its own weight w_r (examples or
-  tokens), so the global loss is sum_r w_r L_r / sum_r w_r and its gradient
-  the same weighted mean of the replicas' gradients. Counts are summed.
-  Identity with a single replica.
+
+def ReplicaObjective(metrics, total_weight, num_replicas):
+  """Replica r's share of the global loss (what it differentiates).
+
+  loss_r = xent_r + aux_r, xent_r a mean over the replica's weight w_r
+  (tokens or examples), aux_r (`aux_loss`, optional) a mean over its
+  groups. One device on the global batch has loss = sum_r w_r xent_r / W +
+  mean_r aux_r (W = sum_r w_r; the groups are the replicas' groups), so
+  share_r = (w_r / W) (loss_r - aux_r) + aux_r / n and the global loss and
+  its gradient are the sums of the shares over replicas.
+  """
+  loss, weight = (tf.cast(x, tf.float32) for x in metrics.loss)
+  aux = (tf.cast(metrics.aux_loss[0], tf.float32) if 'aux_loss' in metrics
+         else tf.constant(0.0))
+  return (tf.math.divide_no_nan(weight, total_weight) * (loss - aux) +
+          aux / float(num_replicas))
+
+
+def IsCount(name):
+  """Metrics named `num_*` or `*_num_tokens` are counts (weight 1)."""
+  return name.startswith('num_') or name.endswith('_num_tokens')
+
+
+def CrossReplicaSum(metrics, grads):
+  """Global metrics and gradients from the replicas' shares.
+
+  Gradients (of each replica's `ReplicaObjective`) and `loss` (the shares)
+  are summed; counts (`IsCount`) are summed; every other metric is the
+  mean over replicas weighted by its weight (per-expert sums such as
+  `importance` and `load`, and CVs, are thus replica means). Identity with
+  a single replica.
   """
   ctx = tf.distribute.get_replica_context()
   if ctx is None or ctx.num_replicas_in_sync == 1:
     return metrics, grads
-  loss_weight = metrics.loss[1]
   names = sorted(metrics)
   weighted = [metrics[n][0] * metrics[n][1] for n in names]
   weights = [metrics[n][1] for n in names]
-  scaled_grads = [g * tf.cast(loss_weight, g.dtype) for g in grads.Flatten()]
-  s_weighted, s_weights, s_grads = ctx.all_reduce(
-      tf.distribute.ReduceOp.SUM, (weighted, weights, scaled_grads))
-  s_loss_weight = s_weights[names.index('loss')]
+  s_loss, s_weighted, s_weights, s_grads = ctx.all_reduce(
+      tf.distribute.ReduceOp.SUM,
+      (metrics.loss[0], weighted, weights, grads.Flatten()))
   out = NestedMap()
   for name, v, w in zip(names, s_weighted, s_weights):
-    if name in ('num_examples', 'num_tokens'):
+    if IsCount(name):
       out[name] = (v, metrics[name][1])  # Weight 1: the sum of counts.
+    elif name == 'loss':
+      out[name] = (s_loss, w)
     else:
       out[name] = (tf.math.divide_no_nan(v, w), w)
-  mean_grads = [tf.math.divide_no_nan(g, tf.cast(s_loss_weight, g.dtype))
-                for g in s_grads]
-  return out, grads.Pack(mean_grads)
+  return out, grads.Pack(s_grads)

@@ -12,8 +12,14 @@
   step drive SPMD partitioning inside each replica and data parallelism
   runs across replicas.
 
-`DistributeBatch` splits a global batch (dim 0) evenly over replicas; the
-step averages across replicas itself (lingshard/train/step.py).
+Input: each worker process is one input pipeline (`InputContext`); the
+trainer builds its input with `ParamsForHost` (that worker's examples and
+share of the global batch) and `DistributeBatch` splits it over the
+worker's local replicas; the step sums the replicas' shares of the global
+loss itself (lingshard/train/step.py). The per-host dataset is a plain
+tf.data iterator rather than `distribute_datasets_from_function`'s,
+because only the former can be checkpointed (exact resume): TF 2.21's
+DistributedIterator is not trackable.
 """
 
 import dataclasses
@@ -37,6 +43,18 @@ class StrategyInfo:
   is_chief: bool = True
   worker_id: int = 0
   jit_step: bool = False  # Wrap the step in tf.function(jit_compile=True).
+  # Input pipelines (one per worker process) and this process's index.
+  num_input_pipelines: int = 1
+  input_pipeline_id: int = 0
+
+
+def InputContext(strategy, info):
+  """This process's tf.distribute.InputContext: one input pipeline per
+  worker, each feeding its local replicas."""
+  return tf.distribute.InputContext(
+      num_input_pipelines=info.num_input_pipelines,
+      input_pipeline_id=info.input_pipeline_id,
+      num_replicas_in_sync=strategy.num_replicas_in_sync)
 
 
 def DefaultJit(kind, jit_flag):
@@ -136,8 +154,13 @@ def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None):
   if kind == 'multi_worker':
     text = os.environ.get('TF_CONFIG')
     if text:
-      _, index, _, is_chief = ParseTfConfig(text)
+      task_type, index, num_workers, is_chief = ParseTfConfig(text)
       info.is_chief, info.worker_id = is_chief, index
+      # Pipeline ids follow TF's worker order: the chief (if any) first.
+      has_chief = 'chief' in json.loads(text)['cluster']
+      info.num_input_pipelines = num_workers
+      info.input_pipeline_id = (0 if task_type == 'chief' else
+                                index + int(has_chief))
     return tf.distribute.MultiWorkerMirroredStrategy(), info
   if not tpu:
     raise StrategyError('--strategy=tpu needs --tpu (a TPU name, or "local" '
@@ -152,19 +175,26 @@ def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None):
   return strategy, info
 
 
-def DistributeBatch(strategy, batch):
-  """Splits a global batch's dim 0 evenly over the strategy's replicas."""
+def DistributeBatch(strategy, batch, num_input_pipelines=1):
+  """Splits this worker's batch (dim 0) evenly over its local replicas.
+
+  With one input pipeline the batch is the global batch; with one per
+  worker (InputContext) it is the worker's share, and worker w's replicas
+  (global ids w n_local ... (w + 1) n_local - 1) take its pieces in order,
+  so replica r always holds global rows [r b, (r + 1) b).
+  """
   n = strategy.num_replicas_in_sync
   if n == 1:
     return batch
+  local = n // num_input_pipelines
   for key, t in batch.FlattenItems():
     size = t.shape[0]
-    if size is not None and size % n:
+    if size is not None and size % local:
       raise StrategyError(f'batch.{key} has {size} examples, not divisible by '
-                          f'{n} replicas')
+                          f'{local} replicas')
 
   def Slice(ctx):
-    i = ctx.replica_id_in_sync_group
-    return tf.nest.map_structure(lambda t: tf.split(t, n)[i], batch)
+    i = ctx.replica_id_in_sync_group % local
+    return tf.nest.map_structure(lambda t: tf.split(t, local)[i], batch)
 
   return strategy.experimental_distribute_values_from_function(Slice)

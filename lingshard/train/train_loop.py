@@ -85,7 +85,9 @@ class Trainer:
           self.task, jit=self._info.jit_step,
           inject_nan_at_step=inject_nan_at_step)
       self.state = state_lib.TrainState(self.task, self.train_step)
-    self._dataset = self.model.GetInput().GetDataset()
+    # This worker's input pipeline: its own examples (InputContext).
+    self._dataset = self.model.GetInput(strategies.InputContext(
+        self._strategy, self._info)).GetDataset()
     self._iterator = iter(self._dataset)
     self.checkpointer = checkpointer_lib.Checkpointer(
         self.train_dir, self.state,
@@ -123,7 +125,8 @@ class Trainer:
                                      jit_halves=self._jit_halves)
 
     new_theta, new_opt, metrics = strategy.run(
-        Replica, args=(strategies.DistributeBatch(strategy, batch),))
+        Replica, args=(strategies.DistributeBatch(
+            strategy, batch, self._info.num_input_pipelines),))
     state.Assign(new_theta, new_opt)
     metrics = strategy.experimental_local_results(metrics)[0]
     state.step.assign_add(tf.cast(metrics.is_finite[0] > 0, tf.int64))

@@ -1,10 +1,15 @@
-"""Subprocess helper of test_replica_routing.py: one train step's metrics
-of a tiny MoE translation model (GShard random second expert) on one
-device and under MirroredStrategy over 2 and 4 virtual CPU devices, for
-the same global batch. Prints one JSON object."""
+"""Subprocess helper of test_replica_routing.py: one training step
+(`TrainStep.Replica`, the trainer's per-replica step) of a tiny MoE
+translation model with GShard's random second expert, on one device and
+under MirroredStrategy over 2 and 4 virtual CPU devices, on the same global
+batch. Prints one JSON object: per replica count, the step's metrics, the
+updated weights' checksum and every MoE layer's routing (expert, slot and
+dispatch decision of each (group, token, choice)), the replicas' groups
+concatenated in order."""
 
 import json
 import sys
+import threading
 
 from lingshard.train import strategies
 
@@ -19,7 +24,18 @@ from lingshard.layers import moe  # noqa: E402
 from lingshard.train import step as step_lib  # noqa: E402
 from tests.models import mt_testlib  # noqa: E402
 
-BATCH, SRC_LEN, TGT_LEN = 8, 6, 5
+BATCH, SRC_LEN, TGT_LEN = 8, 6, 6
+_TAP = threading.local()  # MirroredStrategy runs each replica in a thread.
+
+
+def _TappedRoute(route):
+  def Route(self, *args, **kwargs):
+    out = route(self, *args, **kwargs)
+    r = out[0]
+    _TAP.routing.append(tf.stack([r.expert_gsk, r.position_gsk,
+                                  tf.cast(r.dispatched_gsk, tf.int32)]))
+    return out
+  return Route
 
 
 def Params():
@@ -31,36 +47,57 @@ def Params():
                             atten_dropout_prob=0.0, label_smoothing=0.0)
   p.moe_tpl = moe.MoELayer.Params().Set(
       num_experts=4, group_size=2, num_groups=None, expert_capacity=1,
-      second_expert_policy='random')
+      second_expert_policy='random', aux_loss_weight=0.5)
   return p
+
+
+def Batch(p):
+  """Lengths 5 or 6 of 6: padding, but every group of 2 has a real token
+  (the aux loss is a mean over non-empty groups; see ReplicaObjective)."""
+  rng = np.random.RandomState(3)
+  return base_input.NumericBatch(mt_testlib.SyntheticBatch(
+      p, batch_size=BATCH, src_len=SRC_LEN, tgt_len=TGT_LEN,
+      src_lengths=rng.randint(5, 7, [BATCH]),
+      tgt_lengths=rng.randint(5, 7, [BATCH])))
 
 
 def Main(zero_offset):
   if zero_offset:  # What the trainer did before: every replica at 0.
     step_lib.ExampleOffset = lambda batch: tf.constant(0, tf.int64)
+  moe.MoELayer.Route = _TappedRoute(moe.MoELayer.Route)
   out = {}
   for n in (1, 2, 4):
     p = Params()
-    devices = [f'/cpu:{i}' for i in range(n)]
     strategy = tf.distribute.MirroredStrategy(
-        devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+        [f'/cpu:{i}' for i in range(n)],
+        cross_device_ops=tf.distribute.ReductionToOneDevice())
     with strategy.scope():
       task = p.Instantiate()
       train_step = step_lib.TrainStep(task)
-    batch = base_input.NumericBatch(mt_testlib.SyntheticBatch(
-        p, batch_size=BATCH, src_len=SRC_LEN, tgt_len=TGT_LEN, seed=3))
+      opt_state = train_step.InitOptState(task.theta)
+
+    def Replica(local, task=task, train_step=train_step, opt_state=opt_state):
+      _TAP.routing = []
+      theta, _, metrics = train_step.Replica(task.theta, opt_state, local,
+                                             tf.constant(7, tf.int64))
+      return metrics, theta, _TAP.routing
 
     @tf.function(autograph=False)
-    def Run(local, task=task, train_step=train_step):
-      metrics, grads = train_step.LossAndGrads(task.theta, local,
-                                               tf.constant(7, tf.int64))
-      metrics, _ = step_lib.CrossReplicaMean(metrics, grads)
-      return metrics
+    def Run(batch, strategy=strategy, replica=Replica):
+      return strategy.run(replica, args=(strategies.DistributeBatch(
+          strategy, batch),))
 
-    metrics = strategy.run(Run, args=(strategies.DistributeBatch(
-        strategy, batch),))
-    metrics = strategy.experimental_local_results(metrics)[0]
-    out[n] = {k: np.asarray(v[0]).tolist() for k, v in metrics.items()}
+    metrics, theta, routing = Run(Batch(p))
+    local = strategy.experimental_local_results
+    metrics = local(metrics)[0]
+    theta = local(theta)[0]
+    layers = [np.concatenate([np.asarray(x) for x in local(layer)], axis=1)
+              for layer in routing]
+    out[n] = dict(
+        metrics={k: np.asarray(v[0]).tolist() for k, v in metrics.items()},
+        theta_sum=float(sum(np.abs(np.asarray(t)).sum()
+                            for t in theta.Flatten())),
+        routing=[x.tolist() for x in layers])
   print(json.dumps(out))
 
 

@@ -1,10 +1,11 @@
 """Replicas route like one device: under MirroredStrategy over 2 and 4
-virtual CPU devices, the trainer's step passes each replica's global
-example offset, so GShard's random second expert (keyed by global token,
-routing_rng) makes the same decisions: the cross-entropy equals one
-device's on the same global batch. With every replica at offset 0 (the
-trainer before) it does not. (Still open for #15: the replicas' aux losses
-are averaged with the loss's token weights, so `loss` differs by ~2e-5.)"""
+virtual CPU devices the trainer's per-replica step (`TrainStep.Replica`)
+passes each replica's global example offset, so GShard's random second
+expert (keyed by global token, routing_rng) makes the same decisions, and
+each replica differentiates its share of the global loss (token-weighted
+cross-entropy plus the aux loss averaged over replicas), so the loss and
+the update equal one device's on the same global batch. With every replica
+at offset 0 (the trainer before #15) the routing differs."""
 
 import json
 import subprocess
@@ -28,16 +29,25 @@ def _Run(*args):
 
 
 def test_two_and_four_replicas_route_like_one_device():
-  """xent depends on every routing decision (a different random second
-  expert or drop changes it by ~1e-3): equal to 1e-6 on 2 and 4 replicas,
-  different when every replica starts at offset 0."""
   runs = _Run()
   one = runs['1']
+  assert len(one['routing']) == 2  # One MoE layer in each stack.
+  dispatched = np.concatenate([np.asarray(r)[2] for r in one['routing']])
+  assert 0 < dispatched.sum() < dispatched.size  # Capacity 1: drops.
   for n in ('2', '4'):
-    for key in ('xent', 'log_pplx'):
-      np.testing.assert_allclose(runs[n][key], one[key], rtol=1e-6,
+    for layer, (a, b) in enumerate(zip(one['routing'], runs[n]['routing'])):
+      # [expert, slot, dispatched] of every (group, token, choice).
+      np.testing.assert_array_equal(np.asarray(b), np.asarray(a),
+                                    err_msg=f'{n} replicas, layer {layer}')
+    for key in ('loss', 'xent', 'aux_loss', 'log_pplx', 'num_tgt_tokens',
+                'enc_layer_001_frac_dispatched_2'):
+      np.testing.assert_allclose(runs[n]['metrics'][key],
+                                 one['metrics'][key], rtol=1e-6,
                                  err_msg=f'{n} replicas: {key}')
+    np.testing.assert_allclose(runs[n]['theta_sum'], one['theta_sum'],
+                               rtol=1e-6)
   zero = _Run('--zero_offset')
-  assert zero['1']['xent'] == one['xent']
+  assert zero['1']['routing'] == one['routing']
   for n in ('2', '4'):
-    assert abs(zero[n]['xent'] - one['xent']) > 1e-4, (n, zero[n], one)
+    assert zero[n]['routing'] != one['routing'], n
+    assert abs(zero[n]['metrics']['xent'] - one['metrics']['xent']) > 1e-4
