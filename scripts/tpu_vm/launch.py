@@ -20,13 +20,22 @@ Steps (each printed as `+ command` before it runs; --dry_run only prints):
      codes;
   6. delete the TPU VM if this run created it (unless --keep).
 
+Before any command, the model is checked against the slice (the params
+the trainer will build, --trainer_args' overrides included, and the
+accelerator's device and host counts, lingshard/train/tpu_topology.py): a
+mesh that does not tile the slice or a batch that does not split over its
+replicas is refused with one line, and the job's shape (devices, hosts,
+replicas, logdir) is printed to stderr. That check imports lingshard from
+this checkout (TensorFlow installed, as for the laptop proof);
+--skip_topology_check skips it (e.g. a --source whose registry differs).
+
 Local commands run as argv lists (no local shell). Every value put into a
 command string that a worker's shell runs (model, logdir, mode, trainer
 args, pip source and extras) is shell-quoted word by word, so it reaches
 the trainer / pip / gcloud as the same bytes; --trainer_args and
 --pip_extra are split into words like a shell command line first.
 
-Only the Python standard library is used: this runs on a laptop with gcloud.
+Apart from that check, only the Python standard library is used.
 """
 
 import argparse
@@ -81,6 +90,8 @@ def ParseArgs(argv):
                   help='Do not delete the TPU VM at the end.')
   ap.add_argument('--dry_run', action='store_true',
                   help='Print every command without running it.')
+  ap.add_argument('--skip_topology_check', action='store_true',
+                  help='Do not check the model against the accelerator.')
   args = ap.parse_args(argv)
   if not NAME_RE.fullmatch(args.name):
     ap.error(f'--name {args.name!r} is not a TPU VM name: use lowercase '
@@ -89,7 +100,37 @@ def ParseArgs(argv):
     ap.error('--logdir must be a gs:// path (the TPU VMs write it)')
   args.trainer_argv = _Words(ap, '--trainer_args', args.trainer_args)
   args.pip_extra_argv = _Words(ap, '--pip_extra', args.pip_extra)
+  if not args.skip_topology_check:
+    CheckTopology(ap, args)
   return args
+
+
+def CheckTopology(ap, args, err=sys.stderr):
+  """Refuses (ap.error, one line) a model that cannot run on the slice;
+  prints the job's shape to `err`."""
+  if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from lingshard import trainer
+  from lingshard.train import overrides
+  from lingshard.train import tpu_topology
+  # pylint: enable=g-import-not-at-top
+  fv = flags.FlagValues()
+  trainer.DefineFlags(fv)
+  try:
+    fv(['trainer', f'--model={args.model}', f'--mode={args.mode}'] +
+       args.trainer_argv)
+    params, _ = trainer.BuildParams(fv)
+    topo, replicas, cores = tpu_topology.CheckModelOnTpu(
+        params, args.model, args.accelerator_type)
+  except (flags.Error, trainer.ConfigError, overrides.OverrideError,
+          tpu_topology.TopologyError) as e:
+    ap.error(str(e).splitlines()[0])
+  err.write(f'{args.model} on {topo.accelerator_type}: {topo.devices} TPU '
+            f'devices on {topo.hosts} host(s), {replicas} replica(s) of a '
+            f'{cores}-device mesh; every host runs the trainer with the same '
+            f'flags; logdir {args.logdir}\n')
 
 
 def _Tpu(args, verb, *rest):

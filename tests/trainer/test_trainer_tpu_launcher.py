@@ -13,9 +13,10 @@ from tests.trainer import trainer_testlib
 
 SCRIPT = os.path.join(trainer_testlib.REPO, 'scripts', 'tpu_vm', 'launch.py')
 ARGS = ['--name=ls-m4', '--zone=us-central2-b', '--project=proj',
-        '--accelerator_type=v4-32', '--model=m4.MoE128E12L',
+        '--accelerator_type=v4-32', '--model=m4.TinyMoE',
         '--logdir=gs://bucket/runs/m4',
-        "--trainer_args=--max_steps=100 --params_override='a.b=1;c.d=2'"]
+        '--trainer_args=--max_steps=100 --params_override='
+        "'task.train.save_interval_steps=50;task.train.log_interval_steps=5'"]
 TPU = ['gcloud', 'compute', 'tpus', 'tpu-vm']
 WHERE = ['--zone=us-central2-b', '--project=proj']
 
@@ -39,10 +40,11 @@ def test_dry_run_prints_every_command():
   assert run.returncode == 0, run.stderr
   got = [shlex.split(line[2:]) for line in run.stdout.splitlines()]
   assert all(line.startswith('+ ') for line in run.stdout.splitlines())
-  trainer = ('python3 -m lingshard.trainer --model=m4.MoE128E12L '
+  trainer = ('python3 -m lingshard.trainer --model=m4.TinyMoE '
              '--logdir=gs://bucket/runs/m4 --mode=train --strategy=tpu '
-             "--tpu=local --max_steps=100 '--params_override=a.b=1;c.d=2'; "
-             'echo $? > ~/lingshard-train.exit')
+             "--tpu=local --max_steps=100 '--params_override="
+             "task.train.save_interval_steps=50;task.train.log_interval_steps=5'"
+             '; echo $? > ~/lingshard-train.exit')
   want = [
       TPU + ['describe', 'ls-m4'] + WHERE + ['--format=value(state)'],
       TPU + ['create', 'ls-m4'] + WHERE + ['--accelerator-type=v4-32',
@@ -74,9 +76,10 @@ def test_dry_run_prints_every_command():
   lex.whitespace_split = True
   tokens = list(lex)
   assert tokens[:tokens.index(';')] == [
-      'python3', '-m', 'lingshard.trainer', '--model=m4.MoE128E12L',
+      'python3', '-m', 'lingshard.trainer', '--model=m4.TinyMoE',
       '--logdir=gs://bucket/runs/m4', '--mode=train', '--strategy=tpu',
-      '--tpu=local', '--max_steps=100', '--params_override=a.b=1;c.d=2']
+      '--tpu=local', '--max_steps=100', '--params_override='
+      'task.train.save_interval_steps=50;task.train.log_interval_steps=5']
 
 
 def test_pip_source_and_spot():

@@ -62,7 +62,10 @@ def _Flags(value, source):
       f'--accelerator_type={value}', f'--runtime_version={value}',
       f'--model={value}', f'--logdir=gs://b/{value}', f'--mode={value}',
       '--trainer_args=' + shlex.join([f'--params_override={value}', value]),
-      f'--source={source}', '--pip_extra=' + shlex.join([value, '-f', 'u'])]
+      f'--source={source}', '--pip_extra=' + shlex.join([value, '-f', 'u']),
+      # Hostile model and accelerator names are not a registered model on a
+      # TPU type: this file tests quoting only.
+      '--skip_topology_check']
 
 
 def _Sandbox(tmp_path):
