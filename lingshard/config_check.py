@@ -9,10 +9,11 @@ of these that fails:
 1. the global batch of every training bucket (`input.bucket_batch_limits[i]`
    or `input.batch_size`) vs the replicas and input hosts of the job: each
    replica takes an equal share (strategies.DistributeBatch);
-2. a replica's batch vs the mesh axis its batch dim is split over (every
-   layer's activation mapping of a `b...` tensor; XLA would pad uneven
-   shards) and, with a GPipe layer, vs `num_micro_batches` x that axis
-   (each micro-batch is split over it);
+2. when a replica spans the mesh (`spmd`: TPUStrategy, spmd_check), its
+   batch vs the mesh axis its batch dim is split over (every layer's
+   activation mapping of a `b...` tensor; XLA would pad uneven shards)
+   and, with a GPipe layer, vs `num_micro_batches` x that axis (each
+   micro-batch is split over it);
 3. every MoE layer: `num_groups` (or `group_size`) vs the tokens of a
    replica's (micro-)batch, B x T (GShard §2.2: G equal groups of S), and
    `num_groups` vs the mesh axis its groups are split over; `num_experts`
@@ -128,9 +129,15 @@ def _CheckMoEMesh(layer):
           f'{label} (experts are split over it)')
 
 
-def Validate(model_params, num_replicas=1, num_input_pipelines=1):
+def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
   """Checks `model_params` (a SingleTaskModel's); returns the task (built
-  without variables). Raises ConfigCheckError (module docstring)."""
+  without variables). Raises ConfigCheckError (module docstring).
+
+  `spmd`: each replica spans the device mesh (TPUStrategy, spmd_check), so
+  a replica's batch must also split over the mesh (check 2). False for
+  strategies whose replicas are single devices (mirrored, multi_worker,
+  default), where the annotations are not partitioned.
+  """
   task = model_params.task.Instantiate()
   layers = list(task.AllLayers())
   moes = [x for x in layers if isinstance(x, moe.MoEBase)]
@@ -152,13 +159,14 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1):
       pp = pipe.params
       micro = (pp.num_micro_batches if pp.num_micro_batches is not None
                else max(per_replica // pp.micro_batch_size, 1))
-      need = micro * batch_axis
+      need = micro * batch_axis if spmd else micro
       if per_replica % need:
+        split = (f' x {axis_label} = {need} (each micro-batch is split over '
+                 'it)') if spmd else ''
         raise ConfigCheckError(
             f'{what} must be divisible by {pipe.path}: num_micro_batches='
-            f'{micro} x {axis_label} = {need} (each micro-batch is split '
-            'over it)')
-    if not pipes and per_replica % batch_axis:
+            f'{micro}{split}')
+    if spmd and not pipes and per_replica % batch_axis:
       raise ConfigCheckError(f'{what} must be divisible by {axis_label} '
                              '(the batch is split over it)')
     if length is None:

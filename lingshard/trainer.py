@@ -373,8 +373,11 @@ def Execute(cfg, printer=Printer):
     _CheckTrainSteps(params)
     strategy, info = strategies.CreateStrategy(
         cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit)
+    # Mirrored / multi-worker replicas are single devices (no partitioned
+    # mesh); default and TPU runs hold to the mesh the pod job will use.
     config_check.Validate(params, strategy.num_replicas_in_sync,
-                          info.num_input_pipelines)
+                          info.num_input_pipelines,
+                          spmd=info.kind in ('default', 'tpu'))
     printer(f'strategy {info.kind}: {strategy.num_replicas_in_sync} '
             f'replica(s), jit {"on" if info.jit_step else "off"}')
     return RunTrain(cfg, params, strategy, info, printer,

@@ -127,3 +127,15 @@ def test_trainer_refuses_before_building(tmp_path):
       "input.bucket_batch_limits[0]=1024 must be divisible by mesh axis 'x' "
       'of size 2048 (the batch is split over it)')
   assert not list(tmp_path.iterdir())  # Nothing written.
+
+
+def test_single_device_replicas_do_not_split_the_batch_over_the_mesh():
+  """Mirrored / multi-worker replicas are single devices: the mesh is not
+  partitioned there, so only the replica and group constraints apply."""
+  params = _Tiny()
+  config_check.Validate(params, num_replicas=16, spmd=False)
+  params.task.moe_tpl.num_groups = 128
+  assert _Error(params, num_replicas=16, spmd=False) == (
+      'model/dec/layer_001/moe: num_groups=128 must divide the 64 tokens of '
+      "a replica's batch (input.bucket_batch_limits[0]=128 / 16 replicas = 8 "
+      'x input.bucket_upper_bounds[0]=8) (GShard §2.2: G equal groups)')

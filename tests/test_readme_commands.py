@@ -215,11 +215,15 @@ def _CheckTpuLaunch(r):
   assert lines[0].startswith(f'+ gcloud compute tpus tpu-vm describe {name} ')
   trainer_line = [line for line in lines if 'lingshard.trainer' in line]
   assert len(trainer_line) == 1, lines
-  for word in (f'--model={lib.Flag(r.argv, "model")}',
-               f'--logdir={lib.Flag(r.argv, "logdir")}', '--strategy=tpu',
-               lib.Flag(r.argv, 'trainer_args')):
+  model = lib.Flag(r.argv, 'model')
+  for word in (f'--model={model}', f'--logdir={lib.Flag(r.argv, "logdir")}',
+               '--strategy=tpu', lib.Flag(r.argv, 'trainer_args', '')):
     assert word in trainer_line[0], word
   assert lines[-1].startswith(f'+ gcloud compute tpus tpu-vm delete {name} ')
+  # The model/slice check's summary (tpu_topology) on stderr.
+  accelerator = lib.Flag(r.argv, 'accelerator_type')
+  assert lib.OwnStderrLines(r.stderr)[-1].startswith(
+      f'{model} on {accelerator}: '), r.Why()
 
 
 def _CheckSnippet(r):

@@ -97,6 +97,12 @@ class LMTask(base_model.BaseTask):
                          example_offset=0):
     """NestedMap(logits [B, T, V] (or, sampled training: outputs [B, T, M]
     and step), moe_aux (the MoE layer's aux or {}))."""
+    # Dropout masks are keyed by global example (dropout.KeyedMasks), as
+    # routing noise is by global word: replicas draw what one device would.
+    with dropout.KeyedMasks(0, example_offset):
+      return self._Forward(theta, input_batch, step, example_offset)
+
+  def _Forward(self, theta, input_batch, step, example_offset):
     paddings_bt = tf.cast(input_batch.paddings, tf.float32)
     x = self.dropout[0].FProp(theta.dropout[0],
                               self.emb.FProp(theta.emb, input_batch.ids),

@@ -210,20 +210,24 @@ class TransformerMTModel(base_model.BaseTask):
       example_offset: global index of the batch's first example (a replica's
         share of a global batch starts at replica id x its batch): each
         stack's MoE layers key routing randomness by global token index,
-        offset = example_offset x that stack's length (routing_rng).
+        offset = example_offset x that stack's length (routing_rng), and
+        dropout masks by global example (dropout.KeyedMasks).
       **kwargs: ignored.
     """
     del kwargs
     src, tgt = input_batch.src, input_batch.tgt
     example_offset = tf.cast(example_offset, tf.int64)
-    enc_bsm, enc_aux = self.Encode(
-        theta, src.ids, src.paddings, step=step,
-        token_offset=example_offset * tf.shape(src.ids, out_type=tf.int64)[1])
-    y = self._Embed(theta, 'tgt', tgt.ids, step)
-    dec_btm, dec_aux = self.dec.FProp(theta.dec, y, tgt.paddings, enc_bsm,
-                                      src.paddings, step=step,
-                                      token_offset=example_offset * tf.shape(
-                                          tgt.ids, out_type=tf.int64)[1])
+    # Dropout masks keyed by global example too (dropout.py).
+    with dropout.KeyedMasks(0, example_offset):
+      enc_bsm, enc_aux = self.Encode(
+          theta, src.ids, src.paddings, step=step,
+          token_offset=example_offset * tf.shape(src.ids,
+                                                 out_type=tf.int64)[1])
+      y = self._Embed(theta, 'tgt', tgt.ids, step)
+      dec_btm, dec_aux = self.dec.FProp(
+          theta.dec, y, tgt.paddings, enc_bsm, src.paddings, step=step,
+          token_offset=example_offset * tf.shape(tgt.ids,
+                                                 out_type=tf.int64)[1])
     return NestedMap(logits=self._Logits(theta, dec_btm),
                      ffn_aux=NestedMap(enc=enc_aux, dec=dec_aux))
 

@@ -39,12 +39,13 @@ def _TappedRoute(route):
 
 
 def Params():
-  """No dropout (its masks are per replica); groups of 2 consecutive tokens,
-  so a group holds the same tokens on any number of replicas; capacity 1
-  for 2 tokens x 2 choices over 4 experts: drops happen."""
-  p = mt_testlib.TinyParams(input_dropout_prob=0.0,
-                            residual_dropout_prob=0.0,
-                            atten_dropout_prob=0.0, label_smoothing=0.0)
+  """Dropout 0.1 everywhere (masks keyed by global example); groups of 2
+  consecutive tokens, so a group holds the same tokens on any number of
+  replicas; capacity 1 for 2 tokens x 2 choices over 4 experts: drops
+  happen."""
+  p = mt_testlib.TinyParams(input_dropout_prob=0.1,
+                            residual_dropout_prob=0.1,
+                            atten_dropout_prob=0.1, label_smoothing=0.0)
   p.moe_tpl = moe.MoELayer.Params().Set(
       num_experts=4, group_size=2, num_groups=None, expert_capacity=1,
       second_expert_policy='random', aux_loss_weight=0.5)

@@ -1,7 +1,8 @@
 """Replicas route like one device: under MirroredStrategy over 2 and 4
 virtual CPU devices the trainer's per-replica step (`TrainStep.Replica`)
 passes each replica's global example offset, so GShard's random second
-expert (keyed by global token, routing_rng) makes the same decisions, and
+expert (keyed by global token, routing_rng) makes the same decisions,
+dropout draws the same masks (keyed by global example, dropout.py), and
 each replica differentiates its share of the global loss (token-weighted
 cross-entropy plus the aux loss averaged over replicas), so the loss and
 the update equal one device's on the same global batch. With every replica

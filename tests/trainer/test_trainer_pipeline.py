@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from lingshard import config_check
 from lingshard import trainer
-from lingshard.layers import pipeline
 from tests.trainer import trainer_testlib
 
 MODEL = 'gpipe.TinyDensePipelined'
@@ -44,11 +44,14 @@ def test_micro_batches_not_dividing_the_batch_is_one_line(prepared_dir,
                                                           tmp_path):
   overrides = (_Overrides(prepared_dir, 8) +
                ';task.pipeline_tpl.num_micro_batches=3')
-  with pytest.raises(pipeline.PipelineError, match=(
-      r'^pipeline: num_micro_batches 3 does not divide the batch 8; use a '
-      r'divisor of 8$')):
+  # config_check refuses it before anything is built.
+  message = ('input.bucket_batch_limits[0]=8 must be divisible by '
+             'model/dec/pipeline: num_micro_batches=3 x mesh axis 0 of size '
+             '2 = 6 (each micro-batch is split over it)')
+  with pytest.raises(config_check.ConfigCheckError) as e:
     _Execute(f'--model={MODEL}', f'--logdir={tmp_path}', '--mode=train',
              '--max_steps=1', f'--params_override={overrides}')
+  assert str(e.value) == message
   # The CLI prints it as one line and exits 1.
   run = trainer_testlib.RunTrainer(f'--model={MODEL}',
                                    f'--logdir={tmp_path / "cli"}',
@@ -56,5 +59,4 @@ def test_micro_batches_not_dividing_the_batch_is_one_line(prepared_dir,
                                    f'--params_override={overrides}')
   assert run.returncode == 1, run.stderr[-3000:]
   assert run.stderr.rstrip().splitlines()[-1] == (
-      'lingshard.trainer: error: pipeline: num_micro_batches 3 does not '
-      'divide the batch 8; use a divisor of 8')
+      f'lingshard.trainer: error: {message}')
