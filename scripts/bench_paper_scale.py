@@ -26,10 +26,11 @@ the config's real device count on virtual CPU devices.
    - total = weights + adafactor + activations, vs a TPU v3 core's 16 GiB.
 2. Compile scaling (GShard Fig. 8): the same slice shape with E = D experts
    and G = D groups, a fixed 2048 tokens per device, for D = 2 ... 2048:
-   partitioned per-device program size (HLO instructions) and compile time;
-   the partitioner's share (passes of XLA's `spmd-partitioner` pipeline,
-   from XLA's own per-pass timing log) next to the whole compile (CPU
-   backend lowering included).
+   per-device program size (HLO instructions) right after the partitioner
+   and after the CPU backend's own passes, and compile time: the
+   partitioner's share (XLA's sharding-propagation + spmd-partitioning
+   passes, from XLA's per-pass timing log at vlog 2) next to the whole
+   compile (CPU backend: its HLO passes and LLVM code generation).
 
 Prints both tables, writes paper_scale_memory.csv, paper_scale_compile.csv
 and paper_scale.png.
@@ -151,7 +152,9 @@ def _CompileSlice(slice_p, num_devices, batch, length):
   opt_state = tf.nest.map_structure(
       lambda t: tf.TensorSpec(t.shape, t.dtype), opt_out)
   m = slice_p.stack.model_dim
-  batch_spec = NestedMap(x=tf.TensorSpec([batch, length, m], tf.float32),
+  # The stack's input is an embedding output: in the activation dtype.
+  batch_spec = NestedMap(x=tf.TensorSpec([batch, length, m],
+                                         task.fprop_dtype),
                          paddings=tf.TensorSpec([batch, length], tf.float32))
   args = (theta, opt_state, batch_spec, tf.TensorSpec([], tf.int64))
 
@@ -234,23 +237,34 @@ def _ScalingWorker(d):
   return row
 
 
-_PIPELINE_RE = re.compile(r'Running HLO pass pipeline on module \S+: (.+)$')
-# "HLO pass: dce time: 16.4 ms (16360 us) (cumulative: ...)"
+# XLA's HloPassPipeline log (vlog 2): "HLO pass: dce time: 16.4 ms (16360
+# us) (cumulative: ...)" after each pass, "Number of instructions: N"
+# before each pass.
 _PASS_RE = re.compile(r'HLO pass: (\S+) time: [^(]*\((\d+) us\)')
+_SIZE_RE = re.compile(r'Number of instructions: (\d+)')
+# The GSPMD partitioner: sharding propagation, then partitioning (which
+# runs its own cleanup pipeline inside its logged time).
+PARTITIONER_PASSES = ('sharding-propagation', 'spmd-partitioning')
 
 
-def PassSeconds(log_text):
-  """{pipeline: seconds} summed from XLA's per-pass timing log lines."""
-  out, pipeline = {}, None
+def XlaPassLog(log_text):
+  """(partitioner seconds, seconds of all HLO passes, instructions of the
+  module right after spmd-partitioning) from XLA's pass log."""
+  partitioner = total = 0.0
+  size, after_spmd = None, False
   for line in log_text.splitlines():
-    m = _PIPELINE_RE.search(line)
-    if m:
-      pipeline = m.group(1).strip()
-      continue
     m = _PASS_RE.search(line)
-    if m and pipeline:
-      out[pipeline] = out.get(pipeline, 0.0) + int(m.group(2)) / 1e6
-  return out
+    if m:
+      seconds = int(m.group(2)) / 1e6
+      total += seconds
+      if m.group(1) in PARTITIONER_PASSES:
+        partitioner += seconds
+      after_spmd = after_spmd or m.group(1) == 'spmd-partitioning'
+      continue
+    m = _SIZE_RE.search(line)
+    if m and after_spmd and size is None:
+      size = int(m.group(1))
+  return partitioner, total, size
 
 
 def _RunWorker(kind, arg):
@@ -270,9 +284,8 @@ def _RunWorker(kind, arg):
     raise RuntimeError(f'{kind} {arg} failed (exit {proc.returncode}):\n'
                        f'{proc.stderr[-3000:]}')
   row = json.loads(lines[-1])
-  passes = PassSeconds(proc.stderr)
-  row['partitioner_seconds'] = passes.get('spmd-partitioner', 0.0)
-  row['all_passes_seconds'] = sum(passes.values())
+  (row['partitioner_seconds'], row['hlo_passes_seconds'],
+   row['spmd_instructions']) = XlaPassLog(proc.stderr)
   return row
 
 
@@ -324,17 +337,21 @@ def _Plot(memory, scaling, path):
     ax1.plot(ds, [r['compile_seconds'] for r in scaling], 'o-',
              label='whole compile (CPU backend)')
     ax1.plot(ds, [r['partitioner_seconds'] for r in scaling], 's-',
-             label='spmd-partitioner passes')
+             label='GSPMD partitioner (propagation + partitioning)')
     ax1.set_xscale('log', base=2)
     ax1.set_xlabel('devices D (= experts = groups)')
     ax1.set_ylabel('seconds')
     ax1.set_title('Compile time (GShard Fig. 8)')
     ax1.legend()
-    ax2.plot(ds, [r['partitioned_instructions'] for r in scaling], 'o-')
+    ax2.plot(ds, [r['spmd_instructions'] for r in scaling], 's-',
+             label='after the partitioner')
+    ax2.plot(ds, [r['partitioned_instructions'] for r in scaling], 'o-',
+             label='after the CPU backend')
     ax2.set_xscale('log', base=2)
     ax2.set_ylim(bottom=0)
     ax2.set_xlabel('devices D')
-    ax2.set_title('Partitioned per-device program (HLO instructions)')
+    ax2.set_title('Per-device program (HLO instructions)')
+    ax2.legend()
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   print(f'wrote {path}')
@@ -362,11 +379,13 @@ def main(argv):
   for key in FLAGS.configs:
     start = time.time()
     memory.append(_RunWorker('memory', key))
-    print(f'# memory {key}: {time.time() - start:.0f}s', flush=True)
+    print(f'# memory {key}: {time.time() - start:.0f}s '
+          f'{json.dumps(memory[-1])}', flush=True)
   for d in sorted(int(x) for x in FLAGS.scaling_devices):
     start = time.time()
     scaling.append(_RunWorker('scaling', d))
-    print(f'# scaling D={d}: {time.time() - start:.0f}s', flush=True)
+    print(f'# scaling D={d}: {time.time() - start:.0f}s '
+          f'{json.dumps(scaling[-1])}', flush=True)
   if memory:
     print('\nPer-device memory, GiB (TPU v3 core: 16 GiB); slice = 1 dense '
           '+ 1 MoE encoder layer train step (module docstring):')
@@ -377,16 +396,15 @@ def main(argv):
     _Write(memory, os.path.join(FLAGS.out_dir, 'paper_scale_memory.csv'))
   if scaling:
     print('\nCompile scaling (E = G = D, fixed tokens per device):')
-    _Table(scaling, ('devices', 'program_instructions',
-                     'partitioned_instructions', 'compile_seconds',
-                     'all_passes_seconds', 'partitioner_seconds',
+    _Table(scaling, ('devices', 'program_instructions', 'spmd_instructions',
+                     'partitioned_instructions', 'partitioner_seconds',
+                     'hlo_passes_seconds', 'compile_seconds',
                      'export_seconds'), _Fmt)
     lo, hi = scaling[0], scaling[-1]
-    print(f'\nD={lo["devices"]} -> D={hi["devices"]}: partitioned program '
-          f'x{hi["partitioned_instructions"] / lo["partitioned_instructions"]:.2f}'
-          f', partitioner time x'
-          f'{hi["partitioner_seconds"] / max(lo["partitioner_seconds"], 1e-9):.2f}'
-          f', whole compile x{hi["compile_seconds"] / lo["compile_seconds"]:.2f}')
+    for key in ('spmd_instructions', 'partitioner_seconds',
+                'partitioned_instructions', 'compile_seconds'):
+      print(f'D={lo["devices"]} -> D={hi["devices"]}: {key} '
+            f'x{hi[key] / max(lo[key], 1e-9):.2f}')
     _Write(scaling, os.path.join(FLAGS.out_dir, 'paper_scale_compile.csv'))
   _Plot(memory, scaling, os.path.join(FLAGS.out_dir, 'paper_scale.png'))
 

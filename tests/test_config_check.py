@@ -9,6 +9,9 @@ import pytest
 from lingshard import config_check
 from lingshard import model_registry
 from lingshard import trainer
+from lingshard.layers import attention
+from lingshard.models import base_model
+from lingshard.spmd import layer_task
 from tests.trainer import trainer_testlib
 
 model_registry.ImportAllParams()
@@ -139,3 +142,20 @@ def test_single_device_replicas_do_not_split_the_batch_over_the_mesh():
       'model/dec/layer_001/moe: num_groups=128 must divide the 64 tokens of '
       "a replica's batch (input.bucket_batch_limits[0]=128 / 16 replicas = 8 "
       'x input.bucket_upper_bounds[0]=8) (GShard §2.2: G equal groups)')
+
+
+def test_heads_vs_their_split_axis():
+  """Attention heads split over an 8-device mesh: 4 heads do not divide."""
+  att = attention.MultiHeadAttention.Params().Set(
+      name='atten', input_dim=16, num_heads=4, dim_per_head=8)
+  for w in ('wq', 'wk', 'wv'):
+    att.weight_split_dims_mapping.Set(**{w: [-1, 0, -1]})
+  att.weight_split_dims_mapping.wo = [0, -1, -1]
+  task = layer_task.LayerTask.Params().Set(
+      name='task', layer=att, device_mesh=np.arange(8))
+  params = base_model.SingleTaskModel.Params().Set(task=task)
+  assert _Error(params) == (
+      'task/layer/wk [16, 4, 8]: dim 1 = 4 must be divisible by mesh axis 0 '
+      'of size 8 (the weight is split over it)')
+  att.num_heads = 8
+  config_check.Validate(params)
