@@ -222,7 +222,7 @@ def _CheckTpuLaunch(r):
   assert lines[-1].startswith(f'+ gcloud compute tpus tpu-vm delete {name} ')
   # The model/slice check's summary (tpu_topology) on stderr.
   accelerator = lib.Flag(r.argv, 'accelerator_type')
-  assert lib.OwnStderrLines(r.stderr)[-1].startswith(
+  assert lib.OwnStderrLines(r.proc.stderr)[-1].startswith(
       f'{model} on {accelerator}: '), r.Why()
 
 

@@ -3,6 +3,7 @@ v3-2048 pod slice prints the multi-host job (every worker runs the trainer
 with the same flags) and its shape; a model that does not fit the slice is
 refused with one line before any command; the accelerator table."""
 
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -14,6 +15,13 @@ from lingshard.train import tpu_topology
 from tests.trainer import trainer_testlib
 
 SCRIPT = os.path.join(trainer_testlib.REPO, 'scripts', 'tpu_vm', 'launch.py')
+
+
+def _Module():
+  spec = importlib.util.spec_from_file_location('tpu_vm_launch', SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
 
 
 def _Launch(*flags):
@@ -79,12 +87,17 @@ def test_paper_scale_dry_run_on_v3_2048():
     (['--accelerator_type=v3-2048', '--model=m4.NoSuchModel'],
      "Model 'm4.NoSuchModel' is not registered; known models: "),
 ])
-def test_mismatch_is_refused_in_one_line(flags, message):
-  run = _Launch(*flags, '--logdir=gs://bucket/x')
-  assert run.returncode == 2
-  assert run.stdout == ''  # No command printed, none run.
-  last = run.stderr.splitlines()[-1]
-  if message.endswith(': '):
-    assert last.startswith(f'launch.py: error: {message}gpipe.'), last
-  else:
-    assert last == f'launch.py: error: {message}'
+def test_mismatch_is_refused_in_one_line(flags, message, capsys):
+  """In-process (launch.ParseArgs, as main runs it): exit 2 before any
+  command, the error as the last stderr line."""
+  with pytest.raises(SystemExit) as e:
+    _Module().ParseArgs(['--dry_run', '--name=ls-1t', '--zone=z',
+                         '--project=p', *flags, '--logdir=gs://bucket/x'])
+  assert e.value.code == 2
+  out = capsys.readouterr()
+  assert out.out == ''  # No command printed, none run.
+  last = out.err.splitlines()[-1]
+  prog, _, error = last.partition(': error: ')  # prog: argv[0]'s name.
+  assert prog and error.startswith(message), last
+  if not message.endswith(': '):
+    assert error == message
