@@ -231,6 +231,18 @@ class Params:
       del node._params[name]
     return self
 
+  def IterParams(self, prefix=''):
+    """Yields (dotted key, Params) for self ('') and every nested Params
+    (values and lists of Params), depth first."""
+    yield prefix.rstrip('.'), self
+    for name in sorted(self._params):
+      value = self._params[name].value
+      if isinstance(value, Params):
+        yield from value.IterParams(f'{prefix}{name}.')
+      elif _IsParamsList(value):
+        for i, sub in enumerate(value):
+          yield from sub.IterParams(f'{prefix}{name}[{i}].')
+
   # ------------------------------------------------------------------ text
   def _Leaves(self, prefix=''):
     for name in sorted(self._params):

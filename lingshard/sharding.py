@@ -15,6 +15,10 @@ Split mappings (`split_dims_mapping`) give, per tensor dim, the mesh axis it
 is split over or -1 (replicated along it); a mesh axis may be given by index
 or by name when `mesh_axis_names` is passed. None entries mean -1.
 
+Graphs that TensorFlow executes without XLA are traced under
+`ForProgram(False)` (the trainer, evaluator and decoder do): there an
+annotation would only cost time.
+
 Manual partitioning (`auto_to_manual` ... `manual_to_auto`, GShard §3.2)
 changes shapes, so it can only be emitted into a program that the SPMD
 partitioner will see. Code that builds such a program (the SPMD checker, a
@@ -34,7 +38,7 @@ from tensorflow.python.compiler.xla.experimental import xla_sharding
 __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
     'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
-    'PartitionCount', 'Unannotated', 'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
+    'PartitionCount', 'Unannotated', 'ForProgram', 'OnTpu', 'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
 ]
 
 # Number of partitions of the program being traced, or None (single device).
@@ -77,6 +81,26 @@ def Unannotated():
     yield
   finally:
     _UNANNOTATED.reset(token)
+
+
+def OnTpu():
+  """True under a TPUStrategy scope (its replica functions are XLA
+  programs the SPMD partitioner sees)."""
+  return isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy)
+
+
+def ForProgram(xla_compiled):
+  """Context for tracing a program: annotated if XLA will compile it.
+
+  A graph TensorFlow executes op by op (no jit_compile, not on TPU) never
+  meets the partitioner, and each XlaSharding op in it runs as an on-demand
+  XLA program of its own (measured in scripts/bench_step.py's graph-mode
+  profile: 220 per m4.TinyMoE train step, ~8 ms of its 69 ms); such graphs
+  are traced Unannotated(). Programs XLA compiles keep every annotation.
+  """
+  if xla_compiled or OnTpu():
+    return contextlib.nullcontext()
+  return Unannotated()
 
 
 def PartitionCount():

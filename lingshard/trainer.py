@@ -41,6 +41,7 @@ from lingshard import base_input
 from lingshard import config_check
 from lingshard import hyperparams
 from lingshard import model_registry
+from lingshard.layers import moe
 from lingshard.layers import pipeline
 from lingshard.train import checkpointer
 from lingshard.train import decode_loop
@@ -131,6 +132,8 @@ def BuildParams(cfg, dataset='Train', for_eval=False):
   if cfg.params_file:
     overrides.ApplyParamsFile(params, cfg.params_file, _ReadText)
   overrides.ApplyOverrides(params, cfg.params_override)
+  # 'auto' MoE dispatch -> the platform's measured-fastest equal one.
+  moe.ResolveDispatch(params.task, strategies.Platform(cfg.strategy))
   if for_eval:
     overrides.ApplyOverrides(params, cfg.eval_params_override,
                              '--eval_params_override')

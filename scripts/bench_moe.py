@@ -7,6 +7,14 @@ plus moving E times more weight bytes: at fixed H the expert weights (and
 their gradients) grow with E (E=256: 2 x 1 GiB vs 16 MiB dense), so large-E
 configs are bound by memory bandwidth, not by FLOPs.
 
+Roofline (same machine, same run): before the table, the peak matmul rate
+F (a [N, M] x [M, 2H] matmul, the dense FFN's first) and the memory
+bandwidth B (an elementwise scale of a 512 MiB tensor: read + write) are
+measured per mode; each variant's roofline is max(FLOPs / F, bytes / B) with
+FLOPs and bytes counted by `_Cost` (fwd + bwd: every matmul 3 times; weights
+read twice and their gradients written once; each activation written once
+and read about three times) and the table shows measured / roofline.
+
 Each step computes the loss sum(y * r) (+ aux) and the gradients w.r.t. the
 inputs and every weight. Timing is interleaved: every repetition runs each
 variant once, in rotation, and the ratio is the median over repetitions of
@@ -87,6 +95,65 @@ def _MoEStep(args, num_experts, impl, jit):
   return Step, layer.Capacity(args.group_size)
 
 
+def _Cost(args, num_experts, impl, capacity):
+  """(matmul FLOPs, bytes moved) of one fwd + bwd step of a variant.
+
+  Letters: N = G*S tokens, R = E*G*C expert rows (= 2 N at cf 1).
+  FLOPs: each matmul once forward and twice backward (input and weight
+  gradients). dense: NM(2H) twice. moe: the experts RMH twice, gating
+  `GSM,ME->GSE` NME; einsum dispatch `GSEC,GSM->EGCM` (fwd + input grad)
+  and combine `GSEC,GECM->GSM` (fwd + both grads) 5 GSECM in all.
+  Bytes (float32): weights read in fwd and bwd, gradients written: 3 |W|;
+  activations: every tensor of the FFN written once and read ~3 times
+  (fwd consumer, bwd for its gradient and the weight gradient): 4 bytes x
+  4 x (inputs + hidden + outputs), plus the one-hot [G, S, E, C] tensors of
+  the einsum dispatch (2 of them, 4 x each).
+  """
+  g, s, m, h = args.groups, args.group_size, args.model_dim, args.hidden_dim
+  n = g * s
+  if impl == 'dense':
+    flops = 3 * 2 * (2 * n * m * (2 * h))
+    weights = 2 * m * (2 * h)
+    acts = n * m + n * 2 * h + n * m
+  else:
+    e, c = num_experts, capacity
+    rows = e * g * c
+    flops = 3 * 2 * (2 * rows * m * h) + 3 * 2 * n * m * e
+    weights = 2 * e * m * h + m * e
+    acts = 2 * n * m + rows * (2 * m + h) + n * e
+    if impl == 'einsum':
+      flops += 5 * 2 * g * s * e * c * m
+      acts += 2 * g * s * e * c
+  return flops, 4 * (3 * weights + 4 * acts)
+
+
+def _Peaks(args, jit, reps):
+  """(matmul FLOP/s, memory bytes/s) measured now, best of `reps`."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  n = args.groups * args.group_size
+  rng = np.random.RandomState(2)
+  a = tf.constant(rng.normal(size=[n, args.model_dim]).astype(np.float32))
+  b = tf.constant(rng.normal(
+      size=[args.model_dim, 2 * args.hidden_dim]).astype(np.float32))
+  big = tf.constant(np.ones([128, 1024, 1024], np.float32))  # 512 MiB.
+  matmul = tf.function(lambda x, y: tf.reduce_sum(tf.matmul(x, y)[0]),
+                       jit_compile=jit)
+  scale = tf.function(lambda x: (x * 1.0001)[0, 0, 0], jit_compile=jit)
+
+  def Best(fn, *xs):
+    fn(*xs).numpy()
+    ts = []
+    for _ in range(reps):
+      t0 = time.perf_counter()
+      fn(*xs).numpy()
+      ts.append(time.perf_counter() - t0)
+    return min(ts)
+
+  flops = 2 * n * args.model_dim * 2 * args.hidden_dim / Best(matmul, a, b)
+  bandwidth = 2 * big.shape.num_elements() * 4 / Best(scale, big)
+  return flops, bandwidth
+
+
 def _Run(fn, *xs):
   """One step; the call returns when it is done (eager is synchronous).
 
@@ -116,11 +183,17 @@ def main():
   print(f'# bench_moe: G={args.groups} S={args.group_size} M={m} '
         f'H={args.hidden_dim} cf={args.capacity_factor} tokens={n}; '
         f'dense hidden {2 * args.hidden_dim}; load {os.getloadavg()}')
-  print(f'{"E":>4} {"C":>4} {"mode":>5} {"variant":>7} {"ms":>8} '
-        f'{"tokens/s":>9} {"ratio":>6}')
   print(f'# allocator={args.allocator} inter_op_threads='
         f'{args.inter_op_threads} reps={args.reps}')
   t_start = time.time()
+  peaks = {}
+  for mode in args.modes:
+    peaks[mode] = _Peaks(args, mode == 'jit', args.reps)
+    print(f'# {mode}: matmul {peaks[mode][0] / 1e9:.1f} GFLOP/s, memory '
+          f'{peaks[mode][1] / 1e9:.1f} GB/s (measured)')
+  print(f'{"E":>4} {"C":>4} {"mode":>5} {"variant":>7} {"ms":>8} '
+        f'{"tokens/s":>9} {"ratio":>6} {"GFLOP":>7} {"GB":>6} '
+        f'{"roof ms":>8} {"bound":>6} {"/roof":>6}')
   for e in args.experts:
     for mode in args.modes:
       jit = mode == 'jit'
@@ -149,8 +222,14 @@ def main():
         ts = np.array(ts)
         ratio = np.median(ts / dense)
         ms = np.median(ts) * 1e3
+        flops, nbytes = _Cost(args, e, k, capacity)
+        t_flops, t_bytes = flops / peaks[mode][0], nbytes / peaks[mode][1]
+        roof = max(t_flops, t_bytes)
         print(f'{e:>4} {capacity:>4} {mode:>5} {k:>7} {ms:8.1f} '
-              f'{n / np.median(ts):9.0f} {ratio:6.3f}', flush=True)
+              f'{n / np.median(ts):9.0f} {ratio:6.3f} {flops / 1e9:7.1f} '
+              f'{nbytes / 1e9:6.2f} {roof * 1e3:8.1f} '
+              f'{"flops" if t_flops >= t_bytes else "bytes":>6} '
+              f'{np.median(ts) / roof:6.3f}', flush=True)
   print(f'# total {time.time() - t_start:.0f} s; load {os.getloadavg()}')
 
 

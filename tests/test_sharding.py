@@ -192,3 +192,18 @@ def test_layer_split_decisions_come_from_its_params():
 
   hlo = _Hlo(Fn, theta.w, theta.b, tf.zeros([4, 4]))
   assert _Shardings(hlo) == ['{devices=[1,4]0,1,2,3}', '{devices=[4,1]0,1,2,3}']
+
+
+def test_for_program_drops_annotations_only_from_graphs_xla_skips():
+  """Graphs TF runs op by op get no XlaSharding ops (each would run as an
+  on-demand XLA program); XLA-compiled ones keep every annotation."""
+  def Ops(xla):
+    @tf.function
+    def Fn(x):
+      with sharding.ForProgram(xla):
+        return sharding.split(x * 2.0, 0, 2) + 1.0
+    graph = Fn.get_concrete_function(tf.TensorSpec([4, 3])).graph
+    return [n.op for n in graph.as_graph_def().node]
+  assert 'XlaSharding' in Ops(True)
+  assert 'XlaSharding' not in Ops(False)
+  assert 'Mul' in Ops(False) and 'AddV2' in Ops(False)

@@ -32,7 +32,11 @@ Sharding (GShard §3.2, set all at once with `SetExpertSharding`): inputs split
 on G, gating weights replicated, dispatched `[E, G, C, M]` and expert weights
 split on E over the same mesh axis. `dispatch_impl` = 'einsum' (Algorithm 2)
 or 'gather' (index-based; under a mesh it runs per group under manual
-partitioning, which needs XLA).
+partitioning, which needs XLA); both give the same outputs and gradients.
+'auto' (the default) is resolved per platform by `AutoDispatchImpl`:
+the trainer resolves it in the params it builds (`ResolveDispatch`, so
+`--mode=print_params` shows the choice), a layer built directly resolves
+it from the devices TensorFlow sees.
 """
 
 import numpy as np
@@ -48,7 +52,42 @@ from lingshard.layers import routing_rng
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 
-DISPATCH_IMPLS = ('einsum', 'gather')
+DISPATCH_IMPLS = ('auto', 'einsum', 'gather')
+PLATFORMS = ('cpu', 'gpu', 'tpu')
+
+
+def AutoDispatchImpl(platform):
+  """The dispatch 'auto' means on `platform` ('cpu' | 'gpu' | 'tpu').
+
+  CPU / GPU: 'gather', measured (scripts/bench_moe.py, bench_step.py): its
+  cost is O(k·cf·G·S·M) moves where Algorithm 2's one-hot einsums cost
+  O(G·S·E·C·M) FLOPs. TPU: 'einsum', GShard's Algorithm 2, written for the
+  TPU (dispatch and combine are MXU matmuls; XLA:TPU serialises dynamic
+  gathers and scatters); both pass the SPMD checker.
+  """
+  if platform not in PLATFORMS:
+    raise ValueError(f'platform must be one of {PLATFORMS}, got {platform!r}')
+  return 'einsum' if platform == 'tpu' else 'gather'
+
+
+def LocalPlatform():
+  """'tpu' if TensorFlow sees a TPU device, else 'gpu' if a GPU, else 'cpu'."""
+  for platform in ('tpu', 'gpu'):
+    if tf.config.list_logical_devices(platform.upper()):
+      return platform
+  return 'cpu'
+
+
+def ResolveDispatch(params, platform):
+  """Replaces every `dispatch_impl='auto'` in a params tree (in place) by
+  AutoDispatchImpl(platform); returns the dotted keys it set."""
+  impl = AutoDispatchImpl(platform)
+  keys = []
+  for key, sub in params.IterParams():
+    if 'dispatch_impl' in sub and sub.dispatch_impl == 'auto':
+      sub.dispatch_impl = impl
+      keys.append(f'{key}.dispatch_impl' if key else 'dispatch_impl')
+  return keys
 
 
 class MoEBase(base_layer.BaseLayer):
@@ -76,8 +115,9 @@ class MoEBase(base_layer.BaseLayer):
     p.Define('eval_capacity_factor', 2.0, 'Capacity factor at inference '
              '(GShard gives no value); None = dropless.')
     p.Define('expert_capacity', None, 'Explicit C; overrides both factors.')
-    p.Define('dispatch_impl', 'gather', 'einsum (GShard Algorithm 2) | '
-             'gather (index-based, same numerics, no [G, S, E, C] one-hot '
+    p.Define('dispatch_impl', 'auto', 'auto (per platform: '
+             'AutoDispatchImpl) | einsum (GShard Algorithm 2) | gather '
+             '(index-based, same numerics, no [G, S, E, C] one-hot '
              'tensors).')
     p.Define('activation', 'relu', 'Expert hidden activation.')
     p.Define('use_bias', False, 'Expert biases bi [E, H], bo [E, M].')
@@ -138,6 +178,8 @@ class MoEBase(base_layer.BaseLayer):
       raise ValueError(f'{p.name}: set exactly one of num_groups and '
                        f'group_size, got {p.num_groups}, {p.group_size}')
     self.CheckOneOf('dispatch_impl', DISPATCH_IMPLS)
+    self.dispatch_impl = (AutoDispatchImpl(LocalPlatform())
+                          if p.dispatch_impl == 'auto' else p.dispatch_impl)
     if not 0.0 <= p.dropout_rate < 1.0:
       raise ValueError(f'{p.name}: dropout_rate must be in [0, 1)')
     self._act = linear.Activation(p.activation)
@@ -274,27 +316,12 @@ class MoEBase(base_layer.BaseLayer):
     return self.Route(theta, x_gsm, nonpad_gs, token_gs, step,
                       self.Capacity(x_gsm.shape[1]))
 
-  def FProp(self, theta, inputs, paddings, step=None, token_offset=0):
-    """inputs [B, T, M], paddings [B, T] -> (outputs [B, T, M], aux)."""
+  def _RouteAndMetrics(self, theta, x_gsm, nonpad_gs, token_gs, step,
+                       capacity):
+    """(routing, aux_loss, metrics): the gate and its routing metrics."""
     p = self.params
-    x_gsm, nonpad_gs, token_gs, (b, t, m) = self._Grouped(inputs, paddings,
-                                                          token_offset)
-    g, s = x_gsm.shape[0], x_gsm.shape[1]
-    capacity = self.Capacity(s)
-    gate_out, aux_loss, stats = self.Route(theta, x_gsm, nonpad_gs,
-                                           token_gs, step, capacity)
-    expert_fn = self.ExpertFn(theta, step)
-    shard = self.ShardActivation
-    if p.dispatch_impl == 'einsum':
-      out_gsm = moe_dispatch.EinsumMoE(x_gsm, gate_out, expert_fn,
-                                       p.num_experts, capacity, shard)
-    else:
-      out_gsm = moe_dispatch.GatherMoE(x_gsm, gate_out, expert_fn,
-                                       p.num_experts, capacity, shard,
-                                       self.ManualSpec(g))
-    if p.output_activation != 'none':
-      out_gsm = self._out_act(out_gsm) * tf.cast(nonpad_gs, out_gsm.dtype)[
-          ..., tf.newaxis]
+    gate_out, aux_loss, stats = self.Route(theta, x_gsm, nonpad_gs, token_gs,
+                                           step, capacity)
     stats = stats.copy()
     metrics = routing_metrics.RoutingMetrics(
         gate_out, nonpad_gs, p.num_experts,
@@ -305,6 +332,29 @@ class MoEBase(base_layer.BaseLayer):
     metrics.capacity = tf.constant(float(capacity))
     for key, value in stats.items():
       metrics[key] = tf.cast(value, tf.float32)
+    return gate_out, aux_loss, metrics
+
+  def FProp(self, theta, inputs, paddings, step=None, token_offset=0):
+    """inputs [B, T, M], paddings [B, T] -> (outputs [B, T, M], aux)."""
+    p = self.params
+    x_gsm, nonpad_gs, token_gs, (b, t, m) = self._Grouped(inputs, paddings,
+                                                          token_offset)
+    g, s = x_gsm.shape[0], x_gsm.shape[1]
+    capacity = self.Capacity(s)
+    gate_out, aux_loss, metrics = self._RouteAndMetrics(
+        theta, x_gsm, nonpad_gs, token_gs, step, capacity)
+    expert_fn = self.ExpertFn(theta, step)
+    shard = self.ShardActivation
+    if self.dispatch_impl == 'einsum':
+      out_gsm = moe_dispatch.EinsumMoE(x_gsm, gate_out, expert_fn,
+                                       p.num_experts, capacity, shard)
+    else:
+      out_gsm = moe_dispatch.GatherMoE(x_gsm, gate_out, expert_fn,
+                                       p.num_experts, capacity, shard,
+                                       self.ManualSpec(g))
+    if p.output_activation != 'none':
+      out_gsm = self._out_act(out_gsm) * tf.cast(nonpad_gs, out_gsm.dtype)[
+          ..., tf.newaxis]
     outputs = tf.reshape(out_gsm, [b, t, m])
     return outputs, NestedMap(aux_loss=aux_loss, metrics=metrics)
 

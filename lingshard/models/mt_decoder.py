@@ -32,6 +32,7 @@ import sentencepiece as spm
 import tensorflow as tf
 
 from lingshard import base_input
+from lingshard import sharding
 from lingshard.data import corpus_io
 from lingshard.train import decode_loop
 
@@ -103,9 +104,12 @@ class MtDecoder(decode_loop.BaseDecoder):
     self._tgt = target_detokenizer
     self._src = source_detokenizer
     self._high = high_resource
-    self._decode = tf.function(
-        lambda theta, ids, paddings: task.Decode(theta, ids, paddings,
-                                                 **(decode_kwargs or {})))
+    self._decode_kwargs = dict(decode_kwargs or {})
+    self._decode = tf.function(self._Decode)
+
+  def _Decode(self, theta, ids, paddings):
+    with sharding.ForProgram(False):
+      return self.task.Decode(theta, ids, paddings, **self._decode_kwargs)
 
   def DecodeBatch(self, theta, batch):
     """Records of one batch."""

@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard import base_input
+from lingshard import sharding
 from lingshard.nested_map import NestedMap
 
 ALL = 'all'
@@ -59,8 +60,9 @@ class Evaluator:
     self._is_nll = False  # Set while tracing: which PerExampleLoss branch.
 
   def _FProp(self, theta, batch, step):
-    metrics, per_example = self.task.FProp(
-        theta, base_input.NumericBatch(batch), step=step)
+    with sharding.ForProgram(False):
+      metrics, per_example = self.task.FProp(
+          theta, base_input.NumericBatch(batch), step=step)
     loss, weight, self._is_nll = PerExampleLoss(per_example)
     metrics = NestedMap({k: (tf.cast(v, tf.float32), tf.cast(w, tf.float32))
                          for k, (v, w) in metrics.items()})

@@ -290,8 +290,41 @@ def test_sharding_params_and_annotations():
 
 def test_choice_params_are_checked():
   with pytest.raises(ValueError, match=r"^moe: dispatch_impl must be one of "
-                     r"\('einsum', 'gather'\), got 'scatter'$"):
+                     r"\('auto', 'einsum', 'gather'\), got 'scatter'$"):
     _Layer(dispatch_impl='scatter')
   with pytest.raises(ValueError, match=r"^moe: second_expert_policy must be "
                      r"one of \('all', 'random', 'sampling'\), got 'best'$"):
     _Layer(second_expert_policy='best')
+
+
+def test_auto_dispatch_is_resolved_per_platform():
+  assert moe.AutoDispatchImpl('cpu') == moe.AutoDispatchImpl('gpu') == 'gather'
+  assert moe.AutoDispatchImpl('tpu') == 'einsum'
+  with pytest.raises(ValueError, match=r"^platform must be one of \('cpu', "
+                     r"'gpu', 'tpu'\), got 'TPU'$"):
+    moe.AutoDispatchImpl('TPU')
+  # A layer built directly resolves from the devices TF sees (CPU here).
+  assert _Layer().params.dispatch_impl == 'auto'
+  assert _Layer().dispatch_impl == 'gather'
+  assert _Layer(dispatch_impl='einsum').dispatch_impl == 'einsum'
+
+
+def test_resolve_dispatch_sets_every_auto_in_a_params_tree():
+  from lingshard import model_registry  # pylint: disable=g-import-not-at-top
+  for platform, impl in (('cpu', 'gather'), ('tpu', 'einsum')):
+    p = model_registry.GetParams('m4.TinyMoE', 'Train')
+    assert p.task.moe_tpl.dispatch_impl == 'auto'
+    keys = moe.ResolveDispatch(p, platform)
+    assert keys == ['task.moe_tpl.dispatch_impl']
+    assert p.task.moe_tpl.dispatch_impl == impl
+    task = p.task.Instantiate()
+    impls = {layer.dispatch_impl for layer in task.AllLayers()
+             if isinstance(layer, moe.MoEBase)}
+    assert impls == {impl}
+    assert moe.ResolveDispatch(p, platform) == []  # Nothing 'auto' left.
+  # An explicit choice is kept.
+  p = model_registry.GetParams('m4.TinyMoE', 'Train')
+  p.task.moe_tpl.dispatch_impl = 'einsum'
+  assert moe.ResolveDispatch(p, 'cpu') == []
+  assert p.task.moe_tpl.dispatch_impl == 'einsum'
+
