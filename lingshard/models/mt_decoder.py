@@ -94,6 +94,7 @@ class MtDecoder(decode_loop.BaseDecoder):
     target_detokenizer / source_detokenizer: Detokenizer (or any ids -> str
       callable); the source one is needed only without `src.strs`.
     decode_kwargs: passed to `task.Decode`.
+    The search is XLA-compiled when the task's `params.decode.jit` is set.
     high_resource: languages scored as `high` (the rest as `low`); None
       scores no high / low groups.
   """
@@ -105,10 +106,13 @@ class MtDecoder(decode_loop.BaseDecoder):
     self._src = source_detokenizer
     self._high = high_resource
     self._decode_kwargs = dict(decode_kwargs or {})
-    self._decode = tf.function(self._Decode)
+    p = task.params
+    self._jit = 'decode' in p and 'jit' in p.decode and p.decode.jit
+    self._decode = tf.function(self._Decode, jit_compile=self._jit,
+                               autograph=False)
 
   def _Decode(self, theta, ids, paddings):
-    with sharding.ForProgram(False):
+    with sharding.ForProgram(self._jit):
       return self.task.Decode(theta, ids, paddings, **self._decode_kwargs)
 
   def DecodeBatch(self, theta, batch):

@@ -62,6 +62,9 @@ def DecodeParams():
   p.Define('length_norm_alpha', 0.6, 'GNMT length normalisation alpha.')
   p.Define('flat_beam', True, 'Flat beam search (GShard App. A.1) instead '
            'of re-ordering cached keys/values.')
+  p.Define('jit', True, 'XLA-compile each batch\'s whole search (the '
+           'decoder of --mode=decode; scripts/bench_decode.py measured '
+           'greedy 3.4x and flat beam 2.3x faster on CPU than op by op).')
   return p
 
 

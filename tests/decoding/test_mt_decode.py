@@ -148,3 +148,23 @@ def test_decode_needs_an_inference_task():
   with pytest.raises(ValueError, match='Decode needs a task built with '
                      'is_inference=True'):
     train.Decode(train.theta, batch.src.ids, batch.src.paddings)
+
+
+@pytest.mark.parametrize('beam_size', [1, 4])
+def test_xla_compiled_search_equals_op_by_op(beam_size):
+  """p.decode.jit (the decoder's default) compiles the whole search; it
+  returns the hypotheses the op-by-op graph does (MoE model, with EOS)."""
+  train, task = _Tasks(use_moe=True)
+  batch = mt_testlib.SyntheticBatch(task.params, batch_size=3, seed=4)
+  out = {}
+  for jit in (False, True):
+    fn = tf.function(lambda th, ids, pad: task.Decode(
+        th, ids, pad, beam_size=beam_size, max_decode_len=7),
+                     jit_compile=jit)
+    out[jit] = fn(train.theta, batch.src.ids, batch.src.paddings)
+  np.testing.assert_array_equal(out[True].ids.numpy(), out[False].ids.numpy())
+  np.testing.assert_array_equal(out[True].lengths.numpy(),
+                                out[False].lengths.numpy())
+  np.testing.assert_allclose(out[True].scores.numpy(),
+                             out[False].scores.numpy(), rtol=1e-5)
+  assert task.params.decode.jit  # What the trainer's decoder uses.

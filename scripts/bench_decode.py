@@ -1,0 +1,125 @@
+"""Benchmark: decoding speed of a trained MT model (greedy, beam, flat beam).
+
+  .venv/bin/python scripts/bench_decode.py --logdir=logs/demo \
+      [--model=m4.TinyMoE] [--data_dir=data/ui_m4] [--split=dev_unseen_en]
+
+Decodes the split with the latest checkpoint of `--logdir` the way
+`python -m lingshard.trainer --mode=decode` does (the task's
+InferenceParams, the eval input's batches and buckets, `task.Decode` in a
+tf.function: the KV cache, one tf.while_loop per batch) for each search:
+greedy (beam 1), beam 4 with the state re-ordered every step, and flat beam
+4 (GShard App. A.1, the default). Each is timed twice over the same batches:
+the first pass includes tracing / compiling (one per distinct batch shape),
+the second is steady state. Reports hypothesis tokens/s (EOS included),
+sentences/s and traces, per way of running the search: `plain` (a graph TF
+runs op by op, traced unannotated), `annotated` (--annotated: the same with
+the sharding annotations, what the decoder ran before sharding.ForProgram)
+and `jit` (--jit: the whole search XLA-compiled, the decoder's default,
+`p.decode.jit`).
+"""
+
+import argparse
+import os
+import time
+
+
+
+
+def _Args():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--model', default='m4.TinyMoE')
+  ap.add_argument('--logdir', required=True,
+                  help='Trainer logdir with a checkpoint (e.g. the demo\'s).')
+  ap.add_argument('--data_dir', default='data/ui_m4')
+  ap.add_argument('--split', default='dev_unseen_en')
+  ap.add_argument('--num_batches', type=int, default=0, help='0 = all.')
+  ap.add_argument('--searches', nargs='+',
+                  default=['greedy', 'beam4', 'flat_beam4'])
+  ap.add_argument('--jit', action='store_true',
+                  help='Also time every search XLA-compiled (jit_compile).')
+  ap.add_argument('--annotated', action='store_true',
+                  help='Also time every search traced with annotations.')
+  return ap.parse_args()
+
+
+SEARCHES = {'greedy': dict(beam_size=1),
+            'beam4': dict(beam_size=4, flat_beam=False),
+            'flat_beam4': dict(beam_size=4, flat_beam=True)}
+
+
+def main():
+  args = _Args()
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  from lingshard import sharding  # pylint: disable=g-import-not-at-top
+  from lingshard import model_registry  # pylint: disable=g-import-not-at-top
+  from lingshard.layers import moe  # pylint: disable=g-import-not-at-top
+  from lingshard.models import mt_decoder  # pylint: disable=g-import-not-at-top
+  from lingshard.tools import demo  # pylint: disable=g-import-not-at-top
+  from lingshard.train import checkpointer  # pylint: disable=g-import-not-at-top
+  from lingshard.train import state as state_lib  # pylint: disable=g-import-not-at-top
+  from lingshard.train import strategies  # pylint: disable=g-import-not-at-top
+
+  def Params(dataset, file_pattern):
+    p = model_registry.GetParams(args.model, dataset)
+    p.input.file_pattern = file_pattern
+    for key, path in demo.VocabPaths(args.model, args.data_dir).items():
+      p.input.Set(**{key: path})
+    moe.ResolveDispatch(p.task, strategies.Platform('default'))
+    return p
+
+  params = Params('Train', os.path.join(args.data_dir, 'train.tsv'))
+  dev = Params('Dev', os.path.join(args.data_dir, f'{args.split}.tsv'))
+  state = state_lib.TrainState(params.task.Instantiate())
+  step, _ = checkpointer.Checkpointer(
+      os.path.join(args.logdir, 'train'), state,
+      include_optimizer=False).Restore()
+  if step is None:
+    raise SystemExit(f'no checkpoint in {args.logdir}/train')
+  theta = state.theta.Transform(lambda v: v.read_value())
+  task = dev.task.cls.InferenceParams(dev.task).Instantiate()
+  ds = dev.input.Instantiate().GetDataset()
+  if args.num_batches:
+    ds = ds.take(args.num_batches)
+  batches = [(b.src.ids, b.src.paddings) for b in ds]
+  sents = sum(int(ids.shape[0]) for ids, _ in batches)
+  shapes = sorted({tuple(ids.shape) for ids, _ in batches})
+  print(f'# bench_decode: {args.model} step {step} on {args.split}: '
+        f'{sents} sentences in {len(batches)} batches, {len(shapes)} '
+        f'shapes; max_decode_len {dev.task.decode.max_decode_len}; load '
+        f'{os.getloadavg()}')
+  print(f'{"search":>11} {"graph":>9} {"traces":>6} {"1st pass s":>10} '
+        f'{"steady s":>8} {"tokens/s":>9} {"sent/s":>7} {"tok/sent":>8}')
+  t_start = time.time()
+  for name in args.searches:
+    graphs = [('plain', False, False)]
+    if args.annotated:
+      graphs.append(('annotated', True, False))
+    if args.jit:
+      graphs.append(('jit', True, True))
+    for graph, annotated, jit in graphs:
+      kwargs = SEARCHES[name]
+
+      def Decode(theta, ids, paddings, kwargs=kwargs, annotated=annotated):
+        with sharding.ForProgram(annotated):
+          return task.Decode(theta, ids, paddings, **kwargs)
+
+      fn = tf.function(Decode, jit_compile=jit)
+      passes = []
+      for _ in range(2):
+        tokens = 0
+        t0 = time.perf_counter()
+        for ids, paddings in batches:
+          _, lengths = mt_decoder.BestHypotheses(fn(theta, ids, paddings))
+          tokens += int(lengths.sum())
+        passes.append(time.perf_counter() - t0)
+      steady = passes[1]
+      print(f'{name:>11} {graph:>9} '
+            f'{fn.experimental_get_tracing_count():>6} {passes[0]:10.1f} '
+            f'{steady:8.1f} {tokens / steady:9.0f} {sents / steady:7.1f} '
+            f'{tokens / sents:8.1f}', flush=True)
+  print(f'# total {time.time() - t_start:.0f} s; load {os.getloadavg()}')
+
+
+if __name__ == '__main__':
+  main()
