@@ -40,7 +40,9 @@ def _Args():
   ap.add_argument('--hidden_dim', type=int, default=2048)
   ap.add_argument('--experts', type=int, nargs='+', default=[16, 8, 64, 256])
   ap.add_argument('--capacity_factor', type=float, default=1.0)
-  ap.add_argument('--impls', nargs='+', default=['gather', 'einsum'])
+  ap.add_argument('--impls', nargs='+', default=['gather', 'einsum'],
+                  help='dispatch_impl values; IMPL_bfloat16 runs the experts '
+                  'in bfloat16 (expert_dtype; float32 master weights).')
   ap.add_argument('--modes', nargs='+', default=['graph', 'jit'])
   ap.add_argument('--einsum_max_experts', type=int, default=256,
                   help='Skip the O(GSECM) einsum impl above this E.')
@@ -76,10 +78,12 @@ def _DenseStep(m, h2, jit):
 def _MoEStep(args, num_experts, impl, jit):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingshard.layers import moe  # pylint: disable=g-import-not-at-top
+  dispatch, _, expert_dtype = impl.partition('_')
   p = moe.MoELayer.Params().Set(
       name='moe', input_dim=args.model_dim, hidden_dim=args.hidden_dim,
       num_experts=num_experts, num_groups=args.groups,
-      capacity_factor=args.capacity_factor, dispatch_impl=impl)
+      capacity_factor=args.capacity_factor, dispatch_impl=dispatch,
+      expert_dtype=tf.as_dtype(expert_dtype) if expert_dtype else None)
   layer = p.Instantiate()
   theta = layer.theta
   leaves = theta.Flatten()
@@ -107,7 +111,8 @@ def _Cost(args, num_experts, impl, capacity):
   activations: every tensor of the FFN written once and read ~3 times
   (fwd consumer, bwd for its gradient and the weight gradient): 4 bytes x
   4 x (inputs + hidden + outputs), plus the one-hot [G, S, E, C] tensors of
-  the einsum dispatch (2 of them, 4 x each).
+  the einsum dispatch (2 of them, 4 x each). bfloat16 experts are counted
+  as float32 (their cast passes read the float32 weights anyway).
   """
   g, s, m, h = args.groups, args.group_size, args.model_dim, args.hidden_dim
   n = g * s
@@ -121,7 +126,7 @@ def _Cost(args, num_experts, impl, capacity):
     flops = 3 * 2 * (2 * rows * m * h) + 3 * 2 * n * m * e
     weights = 2 * e * m * h + m * e
     acts = 2 * n * m + rows * (2 * m + h) + n * e
-    if impl == 'einsum':
+    if impl.startswith('einsum'):
       flops += 5 * 2 * g * s * e * c * m
       acts += 2 * g * s * e * c
   return flops, 4 * (3 * weights + 4 * acts)
@@ -191,7 +196,7 @@ def main():
     peaks[mode] = _Peaks(args, mode == 'jit', args.reps)
     print(f'# {mode}: matmul {peaks[mode][0] / 1e9:.1f} GFLOP/s, memory '
           f'{peaks[mode][1] / 1e9:.1f} GB/s (measured)')
-  print(f'{"E":>4} {"C":>4} {"mode":>5} {"variant":>7} {"ms":>8} '
+  print(f'{"E":>4} {"C":>4} {"mode":>5} {"variant":>15} {"ms":>8} '
         f'{"tokens/s":>9} {"ratio":>6} {"GFLOP":>7} {"GB":>6} '
         f'{"roof ms":>8} {"bound":>6} {"/roof":>6}')
   for e in args.experts:
@@ -201,7 +206,7 @@ def main():
                             (x_nm, r_nm))}
       capacity = None
       for impl in args.impls:
-        if impl == 'einsum' and e > args.einsum_max_experts:
+        if impl.startswith('einsum') and e > args.einsum_max_experts:
           continue
         step, capacity = _MoEStep(args, e, impl, jit)
         variants[impl] = (step, (x_btm, r_nm, pad))
@@ -225,7 +230,7 @@ def main():
         flops, nbytes = _Cost(args, e, k, capacity)
         t_flops, t_bytes = flops / peaks[mode][0], nbytes / peaks[mode][1]
         roof = max(t_flops, t_bytes)
-        print(f'{e:>4} {capacity:>4} {mode:>5} {k:>7} {ms:8.1f} '
+        print(f'{e:>4} {capacity:>4} {mode:>5} {k:>15} {ms:8.1f} '
               f'{n / np.median(ts):9.0f} {ratio:6.3f} {flops / 1e9:7.1f} '
               f'{nbytes / 1e9:6.2f} {roof * 1e3:8.1f} '
               f'{"flops" if t_flops >= t_bytes else "bytes":>6} '

@@ -119,6 +119,11 @@ class MoEBase(base_layer.BaseLayer):
              'AutoDispatchImpl) | einsum (GShard Algorithm 2) | gather '
              '(index-based, same numerics, no [G, S, E, C] one-hot '
              'tensors).')
+    p.Define('expert_dtype', None, 'Dtype of the expert FFNs\' matmuls '
+             '(weights cast per use, inputs, hidden, outputs; e.g. '
+             'tf.bfloat16): halves the bytes of the expert weights and of '
+             'their gradients, which bound large-E layers; the float32 '
+             'weights stay the optimizer\'s master copy. None = fprop dtype.')
     p.Define('activation', 'relu', 'Expert hidden activation.')
     p.Define('use_bias', False, 'Expert biases bi [E, H], bo [E, M].')
     p.Define('dropout_rate', 0.0, 'Dropout on expert hidden activations '
@@ -232,7 +237,7 @@ class MoEBase(base_layer.BaseLayer):
     (out_layout 'gecm', Algorithm 2) or a batched matmul to EGCM.
     """
     p = self.params
-    dtype = self.fprop_dtype
+    dtype = tf.as_dtype(p.expert_dtype or self.fprop_dtype)
     wi = tf.cast(theta.wi, dtype)
     wo = tf.cast(theta.wo, dtype)
 
@@ -248,6 +253,11 @@ class MoEBase(base_layer.BaseLayer):
       return self.ShardActivation(h, 'egch')
 
     def Fn(x_egcm, out_layout):
+      # The caller's dtype in and out; the experts compute in `dtype`.
+      in_dtype = x_egcm.dtype
+      return tf.cast(Experts(tf.cast(x_egcm, dtype), out_layout), in_dtype)
+
+    def Experts(x_egcm, out_layout):
       e, g, c, m = x_egcm.shape
       if out_layout == 'gecm':
         h = Hidden(tf.einsum('egcm,emh->egch', x_egcm, wi))
