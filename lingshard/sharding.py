@@ -38,7 +38,8 @@ from tensorflow.python.compiler.xla.experimental import xla_sharding
 __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
     'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
-    'PartitionCount', 'Unannotated', 'ForProgram', 'OnTpu', 'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
+    'PartitionCount', 'Unannotated', 'ForProgram', 'OnTpu',
+    'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
 ]
 
 # Number of partitions of the program being traced, or None (single device).

@@ -71,9 +71,13 @@ def AutoDispatchImpl(platform):
 
 
 def LocalPlatform():
-  """'tpu' if TensorFlow sees a TPU device, else 'gpu' if a GPU, else 'cpu'."""
+  """'tpu' if the machine has a TPU, else 'gpu' if a GPU, else 'cpu'.
+
+  Lists physical devices: that does not initialise TensorFlow's logical
+  devices, which a caller may still configure (e.g. virtual CPUs).
+  """
   for platform in ('tpu', 'gpu'):
-    if tf.config.list_logical_devices(platform.upper()):
+    if tf.config.list_physical_devices(platform.upper()):
       return platform
   return 'cpu'
 
