@@ -28,7 +28,8 @@ setuptools.setup(
                  'hypothesis>=6.100,<7', 'ruff>=0.6,<1'],
         # The SPMD checker uses jaxlib as the standalone XLA partitioner and
         # runtime; lingshard/spmd/xla_runtime.py checks this exact version.
-        # matplotlib draws scripts/bench_spmd_scaling.py's plot.
+        # matplotlib draws the benchmark scripts' plots and the evidence
+        # page's (scripts/reproduce.py).
         'spmd': ['jax==0.10.2', 'jaxlib==0.10.2', 'matplotlib>=3.8,<4'],
     },
     entry_points={},

@@ -21,6 +21,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -237,6 +238,43 @@ def _CheckSnippet(r):
   assert 'task.train.learning_rate : 0.01' in lines
 
 
+def _CheckReproduce(r):
+  """The evidence page's capacity experiment (quick) on the README corpus:
+  every run's command names the config key, seed and overrides; a smaller
+  capacity drops more wanted choices (GShard §2.2); the page and its PNG
+  are written, sections not run say how to run them."""
+  out_dir = r.Path(lib.Flag(r.argv, 'out_dir'))
+  with open(os.path.join(out_dir, 'results', 'capacity.json'),
+            encoding='utf-8') as f:
+    result = json.load(f)
+  assert result['mode'] == 'quick' and result['revision'], r.Why()
+  drops = {}
+  for cf in (0.5, 2.0):
+    for policy in ('all', 'random'):
+      run = result['runs'][f'cap_cf{cf:g}_{policy}_s1']
+      train = shlex.split(run['commands'][0])
+      assert train[:3] == ['python', '-m', 'lingshard.trainer']
+      assert '--model=m4.TinyMoE' in train and '--seed=1' in train
+      assert f'task.moe_tpl.capacity_factor={cf}' in run['commands'][0]
+      assert f"second_expert_policy='{policy}'" in run['commands'][0]
+      assert [p['step'] for p in run['curve']] == [20]
+      assert 0 < run['curve'][0]['log_pplx'] < 20
+      drops[cf, policy] = (run['routing']['over_capacity_first'] +
+                           run['routing']['over_capacity_second'])
+  for policy in ('all', 'random'):
+    assert drops[0.5, policy] > drops[2.0, policy] >= 0.0, drops
+  with open(os.path.join(out_dir, 'RESULTS.md'), encoding='utf-8') as f:
+    page = f.read()
+  assert '## 4. Capacity and random routing (GShard §2.2)' in page
+  for cf in ('0.5', '2.0'):
+    for policy in ('all', 'random'):
+      assert f'| {cf} | {policy} | 1 |' in page
+  assert ('Not run yet: `python scripts/reproduce.py --only conditional`.'
+          in page)
+  with open(os.path.join(out_dir, 'results', 'capacity.png'), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+
+
 CHECKS = {
     'lingshard.data.prepare': _CheckPrepare,
     'lingshard.data.lm_prepare': _CheckLmPrepare,
@@ -250,6 +288,7 @@ CHECKS = {
     'lingshard.tools.spmd_check': _CheckSpmd,
     'lingshard.tools.count_params': _CheckCountParams,
     'scripts/tpu_vm/launch.py': _CheckTpuLaunch,
+    'scripts/reproduce.py': _CheckReproduce,
 }
 
 

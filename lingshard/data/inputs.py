@@ -169,13 +169,18 @@ class MtInput(base_input.BaseInputGenerator):
       p = self.params
       src_model = _ReadModel(p.src_vocab, 'src_vocab')
       tgt_model = _ReadModel(p.tgt_vocab, 'tgt_vocab')
-      self._vocabs = NestedMap(
-          src_sp=spm.SentencePieceProcessor(model_proto=src_model),
-          tgt_sp=spm.SentencePieceProcessor(model_proto=tgt_model),
-          src_tok=tf_text.SentencepieceTokenizer(src_model,
-                                                 out_type=tf.int32),
-          tgt_tok=tf_text.SentencepieceTokenizer(tgt_model,
-                                                 out_type=tf.int32))
+      # Eagerly, even when first called while tf.data traces a map
+      # function: a tokenizer made inside that trace holds a graph tensor,
+      # and the next GetDataset (train_and_eval's second evaluation)
+      # could not capture it.
+      with tf.init_scope():
+        self._vocabs = NestedMap(
+            src_sp=spm.SentencePieceProcessor(model_proto=src_model),
+            tgt_sp=spm.SentencePieceProcessor(model_proto=tgt_model),
+            src_tok=tf_text.SentencepieceTokenizer(src_model,
+                                                   out_type=tf.int32),
+            tgt_tok=tf_text.SentencepieceTokenizer(tgt_model,
+                                                   out_type=tf.int32))
     return self._vocabs
 
   # ------------------------------------------------------------ reading

@@ -298,3 +298,53 @@ class TinyDense(TinyCorpus):
   def Task(self):
     p = Transformer(4, hidden_dim=TINY_DENSE_HIDDEN, num_devices=8, **TINY)
     return TinyTrain(p)
+
+
+# Variants of TinyMoE for the evidence page (scripts/reproduce.py): the
+# same experts (hidden 256, top-2) in every arm, so matmul FLOPs per token
+# differ from TinyMoE's only by the gate's M * E; 8 groups of a batch's
+# tokens in every arm (one group size, one capacity rule).
+TINY_GROUPS = 8
+
+
+def TinyMoEVariant(num_experts, num_layers=4):
+  """TinyMoE's params with `num_experts` experts and `num_layers` (encoder
+  + decoder) layers; experts split over a mesh of min(E, 8) devices."""
+  p = Transformer(num_layers, hidden_dim=TINY_EXPERT_HIDDEN,
+                  num_experts=num_experts,
+                  num_devices=min(num_experts, TINY_GROUPS), **TINY)
+  p.moe_tpl.num_groups = TINY_GROUPS
+  return TinyTrain(p)
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoE4E(TinyCorpus):
+  """TinyMoE with 4 experts (mesh of 4 devices, 8 groups)."""
+
+  def Task(self):
+    return TinyMoEVariant(4)
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoE16E(TinyCorpus):
+  """TinyMoE with 16 experts (2 per device of its 8-device mesh)."""
+
+  def Task(self):
+    return TinyMoEVariant(16)
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoE32E(TinyCorpus):
+  """TinyMoE with 32 experts (4 per device of its 8-device mesh)."""
+
+  def Task(self):
+    return TinyMoEVariant(32)
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoE12L(TinyCorpus):
+  """TinyMoE 6 + 6 layers deep (3 MoE layers per stack, 8 experts):
+  GShard §4.4's depth comparison at laptop scale."""
+
+  def Task(self):
+    return TinyMoEVariant(TINY_EXPERTS, num_layers=12)

@@ -215,6 +215,17 @@ def test_eval_truncates_but_keeps_every_example(prepared_dir):
   assert truncated > 0
 
 
+def test_one_input_reads_its_dataset_again(prepared_dir):
+  # train_and_eval evaluates with the same input generator every interval:
+  # each GetDataset must give the same batches (the first one tokenizes
+  # with tokenizers it made while tf.data traced its map function).
+  p = _Params(prepared_dir, 'dev_unseen_en', is_inference=True)
+  gen = p.Instantiate()
+  passes = [[ex['tgt_str'] for b in gen.GetDataset() for ex in _Unpadded(b)]
+            for _ in range(3)]
+  assert passes[0] and passes[0] == passes[1] == passes[2]
+
+
 def test_malformed_lines_name_file_and_line(prepared_dir, tmp_path):
   path = tmp_path / 'bad.tsv'
   path.write_text('de\tJa\tYes\nfr\tOui\tYes\nfr\tNon only two fields\n',

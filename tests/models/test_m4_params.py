@@ -72,7 +72,29 @@ CPU_KEYS = [k for k in M4_KEYS
 
 
 def test_cpu_sized_configs():
-  assert CPU_KEYS == ['m4.TinyDense', 'm4.TinyMoE']
+  assert CPU_KEYS == ['m4.TinyDense', 'm4.TinyMoE', 'm4.TinyMoE12L',
+                      'm4.TinyMoE16E', 'm4.TinyMoE32E', 'm4.TinyMoE4E']
+
+
+@pytest.mark.parametrize('key,experts,layers', [
+    ('m4.TinyMoE4E', 4, 4), ('m4.TinyMoE', 8, 4), ('m4.TinyMoE16E', 16, 4),
+    ('m4.TinyMoE32E', 32, 4), ('m4.TinyMoE12L', 8, 12)])
+def test_tiny_moe_variants_differ_only_in_experts_and_depth(key, experts,
+                                                            layers):
+  # The evidence page's arms: the same experts (hidden 256, top-2), 8
+  # groups, so forward matmul FLOPs per token match TinyDense's up to the
+  # gate's M * E per MoE layer (and 12L's extra layers).
+  p = model_registry.GetParams(key, 'Train').task
+  assert p.moe_tpl.num_experts == experts
+  assert p.moe_tpl.num_groups == 8 and p.hidden_dim == 256
+  assert p.num_encoder_layers + p.num_decoder_layers == layers
+  flops = count_params.CountModel(key).flops_per_token
+  dense = count_params.CountModel('m4.TinyDense').flops_per_token
+  if layers == 4:
+    gate_extra = 2 * 2 * p.model_dim * (experts - 8)  # 2 MoE layers.
+    assert flops - dense == gate_extra
+  else:
+    assert flops > 2 * dense
 
 
 @pytest.mark.parametrize('key', CPU_KEYS)

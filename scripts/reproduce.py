@@ -1,0 +1,389 @@
+"""The evidence page: the papers' headline claims at laptop scale.
+
+  .venv/bin/python scripts/reproduce.py            # full run, ~1.5 h on 2 cores
+  .venv/bin/python scripts/reproduce.py --quick    # smoke run (minutes)
+  .venv/bin/python scripts/reproduce.py --only capacity,balance
+
+Trains and measures with the repository's own binaries (the trainer, the
+benchmark scripts) and writes docs/RESULTS.md with PNG plots under
+docs/results/. Experiments (names for --only):
+
+  conditional  GShard Fig. 1/6, Shazeer Fig. 2-3: m4.TinyDense vs TinyMoE
+               with E in {4, 8, 16, 32} (same matmul FLOPs per token) at
+               equal steps and equal wall-clock, several seeds
+  depth        GShard Table 2 / §4.4: 2 + 2 vs 6 + 6 layers at E = 8
+  balance      Shazeer Table 6, GShard §2.2: with / without the aux loss;
+               noisy top-k LM with / without importance + load losses
+  capacity     GShard §2.2: capacity factor x second-expert policy
+  speed        GShard Fig. 7-9 and MoE layer speed: bench_spmd_scaling.py,
+               bench_moe.py
+  gpipe        GPipe §2.3: bench_gpipe.py (memory, bubble)
+  lm           Shazeer App. C: lm1b.TinyMoE vs the FLOP-matched TinyLSTM
+
+Each experiment writes docs/results/<name>.json (every run's commands,
+config key, seed, overrides and measurements, the revision); the page is
+rendered from all of them, so --only regenerates one section and keeps the
+others. Training runs go to --work_dir (default logs/reproduce) and are
+reused when their spec is unchanged.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reproduce_page  # pylint: disable=g-import-not-at-top,wrong-import-position
+import reproduce_runs  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Run order: the timing benchmarks first (each with the machine to itself),
+# the headline experiment next.
+EXPERIMENTS = ('speed', 'conditional', 'capacity', 'balance', 'depth', 'lm',
+               'gpipe')
+DENSE = 'm4.TinyDense'
+MOE_ARMS = (('E4', 'm4.TinyMoE4E'), ('E8', 'm4.TinyMoE'),
+            ('E16', 'm4.TinyMoE16E'), ('E32', 'm4.TinyMoE32E'))
+DEEP = 'm4.TinyMoE12L'
+CAPACITY_FACTORS = (0.5, 1.0, 2.0, 4.0)
+# Equal wall-clock step budgets within 3% of the step budget count as it.
+WALL_TOLERANCE = 0.03
+POLICIES = ('all', 'random')
+
+# steps: every MT run's step budget (equal-steps comparisons); seeds: of
+# conditional / depth / balance; sweep_seeds: of capacity and the LM runs.
+CONFIGS = {
+    'full': dict(steps=1000, eval_every=250, seeds=(1, 2, 3),
+                 sweep_seeds=(1,), lm_steps=1500, bench_step_mode='jit',
+                 arms=('E4', 'E8', 'E16', 'E32'),
+                 capacity_factors=CAPACITY_FACTORS, dev_rows=0,
+                 bench_step_reps=3, bench_step_batches=12,
+                 spmd_devices='2,4,8,16,32,64', moe_experts='8 16 64',
+                 moe_reps=3, gpipe_args=('--quick',)),
+    # Every table and figure from a subset of each experiment's arms,
+    # evaluated and decoded on every 25th dev row.
+    'quick': dict(steps=20, eval_every=10, seeds=(1,), sweep_seeds=(1,),
+                  lm_steps=20, bench_step_mode='graph', arms=('E32',),
+                  capacity_factors=(0.5, 2.0), dev_rows=50, bench_step_reps=1,
+                  bench_step_batches=4, spmd_devices='2,4',
+                  moe_experts='8', moe_reps=1,
+                  gpipe_args=('--mem_layers=4', '--mem_micro_batches=1,8',
+                              '--stages=2', '--micro_batches=1,8')),
+}
+
+
+def _Args(argv):
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--quick', action='store_true')
+  ap.add_argument('--only', default='',
+                  help=f'Comma-separated subset of {",".join(EXPERIMENTS)}.')
+  ap.add_argument('--data_dir', default='data/ui_m4')
+  ap.add_argument('--lm_data_dir', default='data/lm_en')
+  ap.add_argument('--work_dir', default='logs/reproduce')
+  ap.add_argument('--out_dir', default='docs',
+                  help='RESULTS.md here, PNGs and JSON in <out_dir>/results.')
+  ap.add_argument('--workers', type=int, default=2)
+  ap.add_argument('--params_override', default='',
+                  help='Extra overrides for every translation run and step '
+                  'benchmark (e.g. smaller buckets on a small corpus).')
+  ap.add_argument('--page_only', action='store_true',
+                  help='Only re-render the page from the stored JSON.')
+  args = ap.parse_args(argv)
+  names = [n for n in args.only.split(',') if n] or list(EXPERIMENTS)
+  bad = [n for n in names if n not in EXPERIMENTS]
+  if bad:
+    ap.error(f'unknown experiment(s) {", ".join(bad)}; choose from '
+             f'{", ".join(EXPERIMENTS)}')
+  args.names = names
+  args.command = reproduce_runs.Shown(
+      [sys.executable, 'scripts/reproduce.py'] +
+      list(sys.argv[1:] if argv is None else argv))
+  return args
+
+
+def _Shown(argv):
+  return reproduce_runs.Shown(argv)
+
+
+def _Script(ctx, argv, log_name):
+  """Runs a repository script with the machine to itself; returns stdout."""
+  cmd = [sys.executable] + argv
+  print(f'  $ {_Shown(cmd)}', flush=True)
+  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
+  proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                        cwd=ROOT, check=False)
+  os.makedirs(ctx.work_dir, exist_ok=True)
+  with open(os.path.join(ctx.work_dir, log_name), 'w', encoding='utf-8') as f:
+    f.write(proc.stdout + proc.stderr)
+  if proc.returncode:
+    raise RuntimeError(f'exit {proc.returncode}: {_Shown(cmd)}\n'
+                       f'{proc.stderr[-2000:]}')
+  return _Shown(cmd), proc.stdout
+
+
+def BenchStep(ctx, models, mode, variants=()):
+  """{variant name: ms/step} from scripts/bench_step.py (interleaved)."""
+  cfg = ctx.cfg
+  argv = ['scripts/bench_step.py', '--models', *models, '--modes', mode,
+          '--reps', str(cfg['bench_step_reps']), '--batches',
+          str(cfg['bench_step_batches']), '--data_dir', ctx.data_dir]
+  if ctx.params_override:
+    argv.append(f'--params_override={ctx.params_override}')
+  for v in variants:
+    argv.append(f'--variant={v}')
+  shown, out = _Script(ctx, argv, f'bench_step_{mode}_{len(models)}.log')
+  ms = {}
+  for line in out.splitlines():
+    parts = line.split()
+    if len(parts) == 5 and parts[0] == mode:
+      ms[parts[1]] = float(parts[2])
+  return dict(command=shown, ms_per_step=ms, output=out)
+
+
+def _SeedOverrides(seed, extra=''):
+  # Seeds vary initialisation, routing randomness and the data order.
+  return ';'.join(o for o in (f'input.seed={1000 + seed}', extra) if o)
+
+
+def Conditional(ctx):
+  cfg, steps = ctx.cfg, ctx.cfg['steps']
+  moe_arms = tuple((a, m) for a, m in MOE_ARMS if a in cfg['arms'])
+  models = [m for _, m in moe_arms] + [DEEP, DENSE]
+  bench = BenchStep(ctx, models, cfg['bench_step_mode'])
+  ms = bench['ms_per_step']
+  t_dense = ms[DENSE.split('.')[-1]]
+  runs, arms = [], {}
+  for arm, model in (('dense', DENSE),) + moe_arms:
+    t_arm = ms[model.split('.')[-1]]
+    # Equal wall-clock: the time the dense model takes for `steps` steps,
+    # at each arm's measured (interleaved, XLA-compiled) step time.
+    # Within WALL_TOLERANCE of the step budget: taken as equal (one stop).
+    wall = max(1, round(steps * t_dense / t_arm))
+    if abs(wall - steps) <= WALL_TOLERANCE * steps:
+      wall = steps
+    names = []
+    for seed in cfg['seeds']:
+      if model == 'm4.TinyMoE' and wall == steps:
+        run = _BaseRun(ctx, seed)  # The same run as depth's and balance's.
+      else:
+        run = reproduce_runs.Run(
+            f'cc_{arm}_s{seed}', model, seed, [steps, wall],
+            _SeedOverrides(seed), decode=True, eval_every=cfg['eval_every'])
+      runs.append(run)
+      names.append(run.name)
+    arms[arm] = dict(model=model, ms_per_step=t_arm, wall_steps=wall,
+                     runs=names)
+  results = ctx.runner.RunAll(runs)
+  return dict(arms=arms, steps=steps, seeds=list(cfg['seeds']),
+              wall_tolerance=WALL_TOLERANCE, bench=bench, runs=results)
+
+
+def _BaseRun(ctx, seed, name='e8', extra='', curve=True):
+  """m4.TinyMoE for the step budget, decoded: the reference arm of depth
+  and balance, and conditional's E8 arm when its equal wall-clock budget is
+  the step budget (one run serves all)."""
+  cfg = ctx.cfg
+  return reproduce_runs.Run(
+      f'{name}_s{seed}', 'm4.TinyMoE', seed, [cfg['steps']],
+      _SeedOverrides(seed, extra), decode=True,
+      eval_every=cfg['eval_every'] if curve else cfg['steps'])
+
+
+def Depth(ctx):
+  cfg, steps = ctx.cfg, ctx.cfg['steps']
+  runs = [_BaseRun(ctx, seed) for seed in cfg['seeds']]
+  # 6 + 6 costs 2.2x the FLOPs per step: one seed per sweep seed; its
+  # difference is read against the 2 + 2 arm's seed spread.
+  for seed in cfg['sweep_seeds']:
+    runs.append(reproduce_runs.Run(
+        f'deep_s{seed}', DEEP, seed, [steps], _SeedOverrides(seed),
+        decode=True, eval_every=cfg['eval_every']))
+  return dict(steps=steps, seeds=list(cfg['seeds']),
+              sweep_seeds=list(cfg['sweep_seeds']),
+              arms={'2+2': 'm4.TinyMoE', '6+6': DEEP},
+              runs=ctx.runner.RunAll(runs))
+
+
+NO_AUX = 'task.moe_tpl.aux_loss_weight=0.0'
+NO_LM_LOSSES = 'task.moe_tpl.w_importance=0.0;task.moe_tpl.w_load=0.0'
+
+
+def _LmRun(ctx, seed, name, model, extra=''):
+  cfg = ctx.cfg
+  return reproduce_runs.Run(f'{name}_s{seed}', model, seed, [cfg['lm_steps']],
+                            _SeedOverrides(seed, extra),
+                            eval_every=cfg['eval_every'], data='lm')
+
+
+def Balance(ctx):
+  cfg, steps = ctx.cfg, ctx.cfg['steps']
+  runs = []
+  for seed in cfg['seeds']:
+    runs.append(_BaseRun(ctx, seed))
+    runs.append(_BaseRun(ctx, seed, 'noaux', NO_AUX, curve=False))
+  for seed in cfg['sweep_seeds']:
+    runs.append(_LmRun(ctx, seed, 'lm_moe', 'lm1b.TinyMoE'))
+    runs.append(_LmRun(ctx, seed, 'lm_noloss', 'lm1b.TinyMoE', NO_LM_LOSSES))
+  return dict(steps=steps, lm_steps=cfg['lm_steps'], seeds=list(cfg['seeds']),
+              sweep_seeds=list(cfg['sweep_seeds']),
+              runs=ctx.runner.RunAll(runs))
+
+
+def _CapacityName(cf, policy):
+  return f'cf{cf:g}_{policy}'
+
+
+def Capacity(ctx):
+  cfg, steps = ctx.cfg, ctx.cfg['steps']
+  variants, runs = [], []
+  for cf in cfg['capacity_factors']:
+    for policy in POLICIES:
+      name = _CapacityName(cf, policy)
+      extra = (f'task.moe_tpl.capacity_factor={cf};'
+               f"task.moe_tpl.second_expert_policy='{policy}'")
+      variants.append(f'{name}=m4.TinyMoE:{extra}')
+      for seed in cfg['sweep_seeds']:
+        runs.append(reproduce_runs.Run(
+            f'cap_{name}_s{seed}', 'm4.TinyMoE', seed, [steps],
+            _SeedOverrides(seed, extra), eval_every=steps))
+  # Step time per variant: TF graph mode (no XLA compile per variant);
+  # the ratio to m4.TinyDense in the same interleaved benchmark.
+  bench = BenchStep(ctx, [DENSE], 'graph', variants)
+  return dict(steps=steps, sweep_seeds=list(cfg['sweep_seeds']),
+              capacity_factors=list(cfg['capacity_factors']),
+              policies=list(POLICIES), bench=bench,
+              runs=ctx.runner.RunAll(runs))
+
+
+def _ReadCsv(path):
+  with open(path, encoding='utf-8') as f:
+    rows = [line.rstrip('\n').split(',') for line in f if line.strip()]
+  return dict(header=rows[0], rows=rows[1:])
+
+
+def Speed(ctx):
+  cfg = ctx.cfg
+  res_dir = os.path.join(ctx.out_dir, 'results')
+  spmd_dir = os.path.join(ctx.work_dir, 'spmd_scaling')
+  shown_spmd, out_spmd = _Script(ctx, [
+      'scripts/bench_spmd_scaling.py', f'--out_dir={spmd_dir}',
+      f'--devices={cfg["spmd_devices"]}'], 'bench_spmd_scaling.log')
+  png = os.path.join(spmd_dir, 'scaling.png')
+  if os.path.exists(png):
+    os.replace(png, os.path.join(res_dir, 'spmd_scaling.png'))
+  shown_moe, out_moe = _Script(ctx, [
+      'scripts/bench_moe.py', '--experts', *cfg['moe_experts'].split(),
+      '--reps', str(cfg['moe_reps'])], 'bench_moe.log')
+  return dict(spmd=dict(command=shown_spmd, output=out_spmd,
+                        csv=_ReadCsv(os.path.join(spmd_dir, 'scaling.csv'))),
+              moe=dict(command=shown_moe, output=out_moe))
+
+
+def Gpipe(ctx):
+  out_dir = os.path.join(ctx.work_dir, 'gpipe')
+  # bench_gpipe.py's own --quick subset in the full run (its full table
+  # takes 24 min on 2 cores).
+  argv = ['scripts/bench_gpipe.py', f'--out_dir={out_dir}',
+          *ctx.cfg['gpipe_args']]
+  shown, out = _Script(ctx, argv, 'bench_gpipe.log')
+  png = os.path.join(out_dir, 'gpipe.png')
+  if os.path.exists(png):
+    os.replace(png, os.path.join(ctx.out_dir, 'results', 'gpipe.png'))
+  return dict(command=shown, output=out,
+              memory=_ReadCsv(os.path.join(out_dir, 'gpipe_memory.csv')),
+              efficiency=_ReadCsv(os.path.join(out_dir,
+                                               'gpipe_efficiency.csv')))
+
+
+def Lm(ctx):
+  cfg = ctx.cfg
+  runs = []
+  for seed in cfg['sweep_seeds']:
+    runs.append(_LmRun(ctx, seed, 'lm_moe', 'lm1b.TinyMoE'))
+    runs.append(_LmRun(ctx, seed, 'lm_lstm', 'lm1b.TinyLSTM'))
+  return dict(steps=cfg['lm_steps'], sweep_seeds=list(cfg['sweep_seeds']),
+              runs=ctx.runner.RunAll(runs))
+
+
+RUNNERS = dict(conditional=Conditional, depth=Depth, balance=Balance,
+               capacity=Capacity, speed=Speed, gpipe=Gpipe, lm=Lm)
+
+
+class Context:
+
+  def __init__(self, args):
+    self.cfg = CONFIGS['quick' if args.quick else 'full']
+    self.data_dir, self.out_dir = args.data_dir, args.out_dir
+    self.work_dir = args.work_dir
+    self.params_override = args.params_override
+    dev_dir = args.data_dir
+    if self.cfg['dev_rows']:
+      dev_dir = reproduce_runs.DevSubset(args.data_dir, args.work_dir,
+                                         self.cfg['dev_rows'])
+    self.runner = reproduce_runs.Runner(args.work_dir, args.data_dir,
+                                        args.lm_data_dir, args.workers,
+                                        dev_dir=dev_dir,
+                                        mt_overrides=args.params_override)
+
+
+def _Revision():
+  def Git(*a):
+    # The repository this script is in (ROOT may be a symlink farm).
+    return subprocess.run(['git', *a], capture_output=True, text=True,
+                          cwd=os.path.dirname(os.path.realpath(__file__)),
+                          check=False).stdout.strip()
+  rev = Git('rev-parse', 'HEAD') or 'unknown'
+  dirty = bool(Git('status', '--porcelain', '--untracked-files=no'))
+  return rev + ('+uncommitted changes' if dirty else '')
+
+
+def _EnsureCorpora(args):
+  """Prepares the default corpora if missing (as the demo does)."""
+  needs_lm = {'balance', 'lm'} & set(args.names)
+  for path, module, needed in ((args.data_dir, 'lingshard.data.prepare', True),
+                               (args.lm_data_dir, 'lingshard.data.lm_prepare',
+                                needs_lm)):
+    marker = 'train.tsv' if module.endswith('.prepare') else 'train.txt'
+    if needed and not os.path.exists(os.path.join(path, marker)):
+      subprocess.run([sys.executable, '-m', module, '--out', path],
+                     check=True, cwd=ROOT)
+
+
+def main(argv=None):
+  args = _Args(argv)
+  res_dir = os.path.join(args.out_dir, 'results')
+  os.makedirs(res_dir, exist_ok=True)
+  if not args.page_only:
+    _EnsureCorpora(args)
+    _RunExperiments(args, res_dir)
+  written = reproduce_page.Write(args.out_dir, args.data_dir)
+  missing = [p for p in written if not os.path.exists(p)]
+  if missing:
+    raise SystemExit(f'reproduce.py: not produced: {", ".join(missing)}')
+  print(f'wrote {", ".join(written)}')
+
+
+def _RunExperiments(args, res_dir):
+  ctx = Context(args)
+  revision = _Revision()
+  for name in args.names:
+    t0 = time.time()
+    print(f'== {name}', flush=True)
+    result = RUNNERS[name](ctx)
+    result.update(experiment=name, revision=revision,
+                  mode='quick' if args.quick else 'full',
+                  date=datetime.date.today().isoformat(),
+                  seconds=round(time.time() - t0, 1),
+                  command=args.command,
+                  data_dir=args.data_dir)
+    with open(os.path.join(res_dir, f'{name}.json'), 'w',
+              encoding='utf-8') as f:
+      json.dump(result, f, indent=1, sort_keys=True)
+    print(f'   {name}: {time.time() - t0:.0f} s', flush=True)
+
+
+if __name__ == '__main__':
+  main()

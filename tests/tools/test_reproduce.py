@@ -1,0 +1,48 @@
+"""scripts/reproduce.py's page rules: claims only beyond the seed spread,
+commands shown as they paste back into a shell. (Its README command, a
+quick capacity experiment, runs in tests/test_readme_commands.py.)"""
+
+import importlib.util
+import os
+import shlex
+import sys
+
+from tests.trainer import trainer_testlib
+
+SCRIPTS = os.path.join(trainer_testlib.REPO, 'scripts')
+
+
+def _Module(name):
+  sys.path.insert(0, SCRIPTS)
+  try:
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(SCRIPTS, f'{name}.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+  finally:
+    sys.path.remove(SCRIPTS)
+  return module
+
+
+def test_claims_only_beyond_the_seed_spread():
+  page = _Module('reproduce_page')
+  assert 'no difference beyond the seed spread' in page.Verdict(
+      [3.0, 3.2, 3.1], [3.15, 3.35, 3.25], False, 'moe', 'dense', 'x')
+  better = page.Verdict([3.0, 3.02, 3.01], [3.2, 3.22, 3.21], False, 'moe',
+                        'dense', 'x')
+  assert '**moe is better**' in better
+  assert '**dense is better**' in page.Verdict(
+      [30.0, 30.1], [31.0, 31.1], True, 'moe', 'dense', 'chrF')
+  assert 'one seed each: no claim' in page.Verdict([1.0], [2.0], False, 'a',
+                                                   'b', 'x')
+
+
+def test_shown_commands_paste_back_into_a_shell():
+  runs = _Module('reproduce_runs')
+  argv = [sys.executable, '-m', 'lingshard.trainer', '--model=m4.TinyMoE',
+          "--params_override=input.file_pattern='d/train.tsv';a.b=1",
+          '--x=has "double" quotes', 'plain']
+  shown = runs.Shown(argv)
+  assert shown.startswith('python -m lingshard.trainer --model=m4.TinyMoE '
+                          '--params_override="input.file_pattern=')
+  assert shlex.split(shown)[1:] == argv[1:]
