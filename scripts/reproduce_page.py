@@ -118,6 +118,22 @@ def _Header(result):
           f'{result["seconds"] / 60:.1f} min.*', '']
 
 
+def _Cell(text):
+  """A CSV cell for the page: integers with separators, other numbers to
+  4 significant digits, text as is."""
+  try:
+    x = float(text)
+  except ValueError:
+    return text
+  if x == int(x) and abs(x) < 1e15:
+    return f'{int(x):,}'
+  return f'{x:.4g}'
+
+
+def _CsvTable(csv):
+  return _Table(csv['header'], [[_Cell(c) for c in r] for r in csv['rows']])
+
+
 def _Table(head, rows):
   out = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
   out += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
@@ -353,7 +369,7 @@ def Speed(res, res_dir):
   csv = res['spmd']['csv']
   lines += ['`scripts/bench_spmd_scaling.py` (one MoE layer, E = D, fixed '
             'tokens per device):', '']
-  lines += _Table(csv['header'], csv['rows'])
+  lines += _CsvTable(csv)
   png = os.path.join(res_dir, 'spmd_scaling.png')
   lines += [f'![spmd scaling](results/{os.path.basename(png)})', '',
             '`scripts/bench_moe.py` (MoE layer fwd+bwd vs a FLOP-matched '
@@ -369,7 +385,7 @@ def Gpipe(res, res_dir):
            ''] + _Header(res)
   for key, title in (('memory', 'Memory'), ('efficiency', 'Efficiency')):
     lines += [f'{title} (`scripts/bench_gpipe.py`):', '']
-    lines += _Table(res[key]['header'], res[key]['rows'])
+    lines += _CsvTable(res[key])
   png = os.path.join(res_dir, 'gpipe.png')
   lines += [f'![gpipe](results/{os.path.basename(png)})', '']
   return lines + _Commands(res), [png]
