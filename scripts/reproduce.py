@@ -165,8 +165,10 @@ def Conditional(ctx):
     if abs(wall - steps) <= WALL_TOLERANCE * steps:
       wall = steps
     names = []
+    if model == 'm4.TinyMoE':
+      ctx.e8_wall = wall
     for seed in cfg['seeds']:
-      if model == 'm4.TinyMoE' and wall == steps:
+      if model == 'm4.TinyMoE':
         run = _BaseRun(ctx, seed)  # The same run as depth's and balance's.
       else:
         run = reproduce_runs.Run(
@@ -183,9 +185,13 @@ def Conditional(ctx):
 
 def _BaseRun(ctx, seed, name='e8', extra='', curve=True):
   """m4.TinyMoE for the step budget, decoded: the reference arm of depth
-  and balance, and conditional's E8 arm when its equal wall-clock budget is
-  the step budget (one run serves all)."""
+  and balance, and conditional's E8 arm (one run serves all: with an equal
+  wall-clock budget other than the step budget it also stops there)."""
   cfg = ctx.cfg
+  if name == 'e8' and ctx.e8_wall not in (None, cfg['steps']):
+    return reproduce_runs.Run(
+        f'cc_E8_s{seed}', 'm4.TinyMoE', seed, [cfg['steps'], ctx.e8_wall],
+        _SeedOverrides(seed), decode=True, eval_every=cfg['eval_every'])
   return reproduce_runs.Run(
       f'{name}_s{seed}', 'm4.TinyMoE', seed, [cfg['steps']],
       _SeedOverrides(seed, extra), decode=True,
@@ -195,6 +201,7 @@ def _BaseRun(ctx, seed, name='e8', extra='', curve=True):
 def Depth(ctx):
   cfg, steps = ctx.cfg, ctx.cfg['steps']
   runs = [_BaseRun(ctx, seed) for seed in cfg['seeds']]
+  base = [r.name for r in runs]
   # 6 + 6 costs 2.2x the FLOPs per step: one seed per sweep seed; its
   # difference is read against the 2 + 2 arm's seed spread.
   for seed in cfg['sweep_seeds']:
@@ -203,7 +210,7 @@ def Depth(ctx):
         decode=True, eval_every=cfg['eval_every']))
   return dict(steps=steps, seeds=list(cfg['seeds']),
               sweep_seeds=list(cfg['sweep_seeds']),
-              arms={'2+2': 'm4.TinyMoE', '6+6': DEEP},
+              arms={'2+2': 'm4.TinyMoE', '6+6': DEEP}, base=base,
               runs=ctx.runner.RunAll(runs))
 
 
@@ -220,14 +227,16 @@ def _LmRun(ctx, seed, name, model, extra=''):
 
 def Balance(ctx):
   cfg, steps = ctx.cfg, ctx.cfg['steps']
-  runs = []
+  runs, base = [], []
   for seed in cfg['seeds']:
     runs.append(_BaseRun(ctx, seed))
+    base.append(runs[-1].name)
     runs.append(_BaseRun(ctx, seed, 'noaux', NO_AUX, curve=False))
   for seed in cfg['sweep_seeds']:
     runs.append(_LmRun(ctx, seed, 'lm_moe', 'lm1b.TinyMoE'))
     runs.append(_LmRun(ctx, seed, 'lm_noloss', 'lm1b.TinyMoE', NO_LM_LOSSES))
   return dict(steps=steps, lm_steps=cfg['lm_steps'], seeds=list(cfg['seeds']),
+              base=base,
               sweep_seeds=list(cfg['sweep_seeds']),
               runs=ctx.runner.RunAll(runs))
 
@@ -319,6 +328,16 @@ class Context:
     self.data_dir, self.out_dir = args.data_dir, args.out_dir
     self.work_dir = args.work_dir
     self.params_override = args.params_override
+    # The E8 arm's equal wall-clock steps, from this run's conditional
+    # experiment or the stored one (so depth and balance reuse its runs).
+    self.e8_wall = None
+    stored = os.path.join(args.out_dir, 'results', 'conditional.json')
+    if os.path.exists(stored):
+      with open(stored, encoding='utf-8') as f:
+        cond = json.load(f)
+      if (cond.get('mode') == ('quick' if args.quick else 'full') and
+          cond.get('steps') == self.cfg['steps'] and 'E8' in cond['arms']):
+        self.e8_wall = cond['arms']['E8']['wall_steps']
     dev_dir = args.data_dir
     if self.cfg['dev_rows']:
       dev_dir = reproduce_runs.DevSubset(args.data_dir, args.work_dir,

@@ -97,6 +97,11 @@ def _Runs(result, prefix):
           if name.startswith(prefix + '_s')]
 
 
+def _BaseRuns(result):
+  """The m4.TinyMoE reference runs of depth / balance."""
+  return [result['runs'][n] for n in result['base']]
+
+
 def _Commands(result):
   lines = ['<details><summary>Commands (every run: config key, seed, '
            'overrides)</summary>', '', '```sh']
@@ -239,7 +244,7 @@ def Conditional(res, res_dir, data_dir):
 
 def Depth(res, res_dir):
   steps = res['steps']
-  shallow, deep = _Runs(res, 'e8'), _Runs(res, 'deep')
+  shallow, deep = _BaseRuns(res), _Runs(res, 'deep')
   lines = ['## 2. Depth (GShard Table 2 / §4.4)', ''] + _Header(res)
   threshold = MeanSd([CurveAt(r, steps) for r in shallow])[0]
   reach = []
@@ -294,7 +299,7 @@ def _RoutingRow(rs):
 
 def Balance(res, res_dir):
   steps = res['steps']
-  arms = (('aux 0.01 (`m4.TinyMoE`)', _Runs(res, 'e8')),
+  arms = (('aux 0.01 (`m4.TinyMoE`)', _BaseRuns(res)),
           ('aux 0 (`aux_loss_weight=0.0`)', _Runs(res, 'noaux')))
   lines = ['## 3. Load balancing (Shazeer Table 6, GShard §2.2)', '']
   lines += _Header(res)
