@@ -53,11 +53,12 @@ CAPACITY_FACTORS = (0.5, 1.0, 2.0, 4.0)
 WALL_TOLERANCE = 0.03
 POLICIES = ('all', 'random')
 
-# steps: every MT run's step budget (equal-steps comparisons); seeds: of
-# conditional / depth / balance; sweep_seeds: of capacity and the LM runs.
+# steps: the MT runs' step budget (equal-steps comparisons); seeds: of
+# conditional / depth / balance; sweep_seeds: of capacity and the LM runs;
+# sweep_steps: the capacity sweep's budget (8 arms).
 CONFIGS = {
     'full': dict(steps=1000, eval_every=250, seeds=(1, 2, 3),
-                 sweep_seeds=(1,), lm_steps=1500, bench_step_mode='jit',
+                 sweep_seeds=(1,), sweep_steps=500, lm_steps=1500, bench_step_mode='jit',
                  arms=('E4', 'E8', 'E16', 'E32'),
                  capacity_factors=CAPACITY_FACTORS, dev_rows=0,
                  bench_step_reps=3, bench_step_batches=12,
@@ -66,7 +67,7 @@ CONFIGS = {
     # Every table and figure from a subset of each experiment's arms,
     # evaluated and decoded on every 25th dev row.
     'quick': dict(steps=20, eval_every=10, seeds=(1,), sweep_seeds=(1,),
-                  lm_steps=20, bench_step_mode='graph', arms=('E32',),
+                  sweep_steps=20, lm_steps=20, bench_step_mode='graph', arms=('E32',),
                   capacity_factors=(0.5, 2.0), dev_rows=50, bench_step_reps=1,
                   bench_step_batches=4, spmd_devices='2,4',
                   moe_experts='8', moe_reps=1,
@@ -246,7 +247,7 @@ def _CapacityName(cf, policy):
 
 
 def Capacity(ctx):
-  cfg, steps = ctx.cfg, ctx.cfg['steps']
+  cfg, steps = ctx.cfg, ctx.cfg['sweep_steps']
   variants, runs = [], []
   for cf in cfg['capacity_factors']:
     for policy in POLICIES:

@@ -162,6 +162,53 @@ def _BestVsDense(runs, moe, step_of, label):
   return out
 
 
+def _ConditionalReading(res, runs, names):
+  """Why the laptop analogue may differ from the papers: computed from the
+  section's own numbers, printed only when no MoE arm beats dense on dev
+  log-pplx at equal wall-clock beyond the seed spread."""
+  arms, steps = res['arms'], res['steps']
+  dense = [CurveAt(r, steps) for r in runs['dense']]
+  wins = []
+  for a in names:
+    if a == 'dense':
+      continue
+    vals = [CurveAt(r, arms[a]['wall_steps']) for r in runs[a]]
+    if '**' in Verdict(vals, dense, False, a, 'dense', '') and (
+        MeanSd(vals)[0] < MeanSd(dense)[0]):
+      wins.append(a)
+  if wins:
+    return [f'MoE arms better than dense on dev log-pplx at equal '
+            f'wall-clock: {", ".join(wins)}.', '']
+  tokens = MeanSd([r['tgt_tokens_per_step'] for a in names
+                   for r in runs[a]])[0] or 0.0
+  rows = []
+  for a in names:
+    if a == 'dense':
+      continue
+    e = int(a[1:])
+    d_step = (MeanSd([CurveAt(r, steps) for r in runs[a]])[0] -
+              MeanSd(dense)[0])
+    rows.append(f'{a}: step time ×{arms[a]["ms_per_step"] / arms["dense"]["ms_per_step"]:.3f}'
+                f', Δ dev log-pplx at equal steps {d_step:+.3f}, each expert '
+                f'trained on ~{2 / e:.0%} of the tokens')
+  return [
+      '**Why the laptop analogue differs (our reading).** No MoE arm beats '
+      'the dense twin on dev log-perplexity at equal wall-clock beyond the '
+      'seed spread. ' + '; '.join(rows) + '. The papers\' gains come from '
+      'parameters a FLOP-matched dense model cannot have, paying off once '
+      'the dense model is capacity-bound: GShard trains on billions of '
+      'pairs for hundreds of thousands of steps. Here the budget is '
+      f'{steps} steps (~{steps * tokens:,.0f} target tokens, under one epoch '
+      'of the 143k-pair corpus) of small models (TinyDense: 1.3M weights), '
+      'where extra expert '
+      'weights have little to store yet and each expert sees only 2/E of '
+      'the updates; and on CPU the gating, dispatch and larger optimizer '
+      'state cost step time that is small next to the matmuls of a TPU-'
+      'sized layer. A longer budget (the demo trains ~7x more steps) is the '
+      'experiment that could change this; it does not fit the page\'s '
+      '3-hour budget with three seeds per arm.', '']
+
+
 def Conditional(res, res_dir, data_dir):
   arms, steps = res['arms'], res['steps']
   names = list(arms)
@@ -205,6 +252,7 @@ def Conditional(res, res_dir, data_dir):
                              step_of, label)
   lines += ['**Verdict** (the spread rule at the top of this page):', '']
   lines += verdicts + ['']
+  lines += _ConditionalReading(res, runs, names)
   thirds = Thirds(data_dir)
   rows = []
   for sp in SPLITS:
