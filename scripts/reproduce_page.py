@@ -416,6 +416,33 @@ def Capacity(res, res_dir):
   return lines + _Commands(res), [png]
 
 
+def _ScalingReading(csv):
+  """GShard's SPMD claim read off the table: per-device FLOPs / memory and
+  compile time from the smallest to the largest D, SPMD vs MPMD."""
+  col = {h: i for i, h in enumerate(csv['header'])}
+  out = []
+  for mode in ('spmd', 'mpmd'):
+    rows = sorted((r for r in csv['rows'] if r[col['mode']] == mode),
+                  key=lambda r: int(r[col['devices']]))
+    if len(rows) < 2:
+      continue
+    lo, hi = rows[0], rows[-1]
+
+    def Ratio(key, lo=lo, hi=hi):
+      try:
+        return float(hi[col[key]]) / float(lo[col[key]])
+      except (ValueError, ZeroDivisionError):
+        return float('nan')
+    out.append(f'- {mode.upper()}, D = {lo[col["devices"]]} → '
+               f'{hi[col["devices"]]}: per-device FLOPs ×'
+               f'{Ratio("flops_per_device"):.2f}, compile time ×'
+               f'{Ratio("compile_seconds"):.1f}, program instructions ×'
+               f'{Ratio("program_instructions"):.1f}' +
+               (f', per-device memory ×{Ratio("mem_total"):.2f}'
+                if mode == 'spmd' else '') + '.')
+  return out + ['']
+
+
 def Speed(res, res_dir):
   lines = ['## 5. SPMD scaling (GShard Fig. 7–9) and MoE layer speed', '']
   lines += _Header(res)
@@ -423,6 +450,7 @@ def Speed(res, res_dir):
   lines += ['`scripts/bench_spmd_scaling.py` (one MoE layer, E = D, fixed '
             'tokens per device):', '']
   lines += _CsvTable(csv)
+  lines += _ScalingReading(csv)
   png = os.path.join(res_dir, 'spmd_scaling.png')
   lines += [f'![spmd scaling](results/{os.path.basename(png)})', '',
             '`scripts/bench_moe.py` (MoE layer fwd+bwd vs a FLOP-matched '
@@ -436,6 +464,10 @@ def Speed(res, res_dir):
 def Gpipe(res, res_dir):
   lines = ['## 6a. GPipe: re-materialisation memory and bubble (GPipe §2.3)',
            ''] + _Header(res)
+  lines += ['FLOPs and memory are XLA\'s analyses of the compiled programs '
+            '(exact); `seconds` / `speedup` are wall-clock on K virtual '
+            'devices sharing 2 cores (and whatever else the machine runs), '
+            'not a pipeline speedup measurement.', '']
   for key, title in (('memory', 'Memory'), ('efficiency', 'Efficiency')):
     lines += [f'{title} (`scripts/bench_gpipe.py`):', '']
     lines += _CsvTable(res[key])
@@ -455,6 +487,9 @@ def Lm(res, res_dir):
           for name, rs in (('`lm1b.TinyMoE`', moe), ('`lm1b.TinyLSTM`', lstm))]
   lines += [f'Equal steps ({steps}); same matmul FLOPs per word.', '']
   lines += _Table(['model', 'seeds', 'dev log-pplx', 'dev perplexity'], rows)
+  lines += ['- ' + Verdict([CurveAt(r, steps) for r in moe],
+                           [CurveAt(r, steps) for r in lstm], False,
+                           'TinyMoE', 'TinyLSTM', 'dev log-pplx'), '']
   png = reproduce_plots.Curves(
       os.path.join(res_dir, 'lm_curves.png'),
       {'TinyMoE': [r['curve'] for r in moe],
