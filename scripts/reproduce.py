@@ -232,6 +232,9 @@ def Balance(ctx):
   for seed in cfg['seeds']:
     runs.append(_BaseRun(ctx, seed))
     base.append(runs[-1].name)
+  # Without the aux loss: the sweep seeds (its effect on balance is large;
+  # quality differences are read against the aux arm's seed spread).
+  for seed in cfg['sweep_seeds']:
     runs.append(_BaseRun(ctx, seed, 'noaux', NO_AUX, curve=False))
   for seed in cfg['sweep_seeds']:
     runs.append(_LmRun(ctx, seed, 'lm_moe', 'lm1b.TinyMoE'))
