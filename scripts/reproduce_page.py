@@ -411,6 +411,19 @@ def Capacity(res, res_dir):
   lines += _Table(['capacity factor', 'policy', 'seeds', 'dropped 1st',
                    'dropped 2nd', f'dev log-pplx @ {steps}', 'ms/step',
                    'vs dense'], rows)
+  lps = [p[5] for p in points if p[5] is not None]
+  for policy in res['policies']:
+    drops = [(p[3] or 0) + (p[4] or 0) for p in points if p[2] == policy]
+    lines.append(f'- {policy}: dropped (1st + 2nd) by capacity factor '
+                 f'{" → ".join(f"{d:.3f}" for d in drops)}' +
+                 (' (falls as capacity grows, GShard §2.2).'
+                  if all(a >= b for a, b in zip(drops, drops[1:])) else '.'))
+  if lps:
+    lines += [f'- dev log-pplx spans {min(lps):.3f}–{max(lps):.3f} over the '
+              f'{len(lps)} arms (one seed each: no quality claim; compare '
+              'the seed spreads of section 1). Step times are interleaved '
+              'with TinyDense in one benchmark, so the ratios compare; the '
+              'absolute ms depend on what else the machine ran.', '']
   png = reproduce_plots.Capacity(os.path.join(res_dir, 'capacity.png'), points)
   lines += [f'![capacity](results/{os.path.basename(png)})', '']
   return lines + _Commands(res), [png]
