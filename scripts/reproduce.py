@@ -24,13 +24,16 @@ Each experiment writes docs/results/<name>.json (every run's commands,
 config key, seed, overrides and measurements, the revision); the page is
 rendered from all of them, so --only regenerates one section and keeps the
 others. Training runs go to --work_dir (default logs/reproduce) and are
-reused when their spec is unchanged.
+reused when their spec is unchanged; runs recorded in docs/results by a
+revision with the same lingshard/ package are reused too (the page says
+which).
 """
 
 import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -349,7 +352,43 @@ class Context:
     self.runner = reproduce_runs.Runner(args.work_dir, args.data_dir,
                                         args.lm_data_dir, args.workers,
                                         dev_dir=dev_dir,
-                                        mt_overrides=args.params_override)
+                                        mt_overrides=args.params_override,
+                                        stored=StoredRuns(args))
+
+
+def StoredRuns(args):
+  """{run name: result} of the runs recorded in <out_dir>/results/*.json
+  in this mode, from revisions whose lingshard/ package equals this one's
+  (so a fresh clone regenerates one section without re-training the runs
+  it shares with another). Each is marked with where it came from."""
+  out = {}
+  res_dir = os.path.join(args.out_dir, 'results')
+  mode = 'quick' if args.quick else 'full'
+  for name in EXPERIMENTS:
+    path = os.path.join(res_dir, f'{name}.json')
+    if not os.path.exists(path):
+      continue
+    with open(path, encoding='utf-8') as f:
+      res = json.load(f)
+    rev = res.get('revision', '').split('+')[0]
+    if res.get('mode') != mode or not _SamePackage(rev):
+      continue
+    for run_name, run in res.get('runs', {}).items():
+      if 'spec_hash' in run:
+        out.setdefault(run_name, dict(
+            run, reused_from=run.get('reused_from') or
+            f'{name} experiment at revision {rev[:7]}'))
+  return out
+
+
+def _SamePackage(rev):
+  """True when lingshard/ at `rev` equals the checkout's (committed and
+  uncommitted)."""
+  if not re.fullmatch(r'[0-9a-f]{7,40}', rev or ''):
+    return False
+  proc = subprocess.run(['git', 'diff', '--quiet', rev, '--', 'lingshard'],
+                        cwd=ROOT, capture_output=True, check=False)
+  return proc.returncode == 0
 
 
 def _Revision():

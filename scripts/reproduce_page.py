@@ -111,7 +111,9 @@ def _Commands(result):
   if 'command' in result and 'runs' not in result:
     lines.append(result['command'])
   for name, run in sorted(result.get('runs', {}).items()):
-    lines.append(f'# {name}')
+    origin = run.get('reused_from')
+    lines.append(f'# {name}' + (f' (reused from the {origin})'
+                                if origin else ''))
     lines += run['commands']
   lines += ['```', '', '</details>', '']
   return lines

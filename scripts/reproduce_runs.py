@@ -88,8 +88,12 @@ class Runner:
   """Executes Runs under `work_dir` with `workers` at a time."""
 
   def __init__(self, work_dir, data_dir, lm_data_dir, workers=2,
-               python=sys.executable, dev_dir=None, mt_overrides=''):
+               python=sys.executable, dev_dir=None, mt_overrides='',
+               stored=None):
     self.work_dir, self.data_dir = work_dir, data_dir
+    # {run name: result} recorded by earlier experiments (docs/results):
+    # reused when the spec matches and work_dir no longer has the run.
+    self.stored = stored or {}
     self.dev_dir = dev_dir or data_dir  # The dev split files read.
     self.mt_overrides = mt_overrides  # Appended to every translation run's.
     self.lm_data_dir, self.workers, self.python = lm_data_dir, workers, python
@@ -146,6 +150,12 @@ class Runner:
         result = json.load(f)
       if result.get('spec_hash') == key:
         return result
+    stored = self.stored.get(run.name)
+    if stored and stored.get('spec_hash') == key:
+      os.makedirs(logdir, exist_ok=True)
+      with open(done, 'w', encoding='utf-8') as f:
+        json.dump(stored, f, indent=1, sort_keys=True)
+      return stored
     if os.path.exists(logdir):
       shutil.rmtree(logdir)  # This script's own run directory, stale spec.
     os.makedirs(logdir)

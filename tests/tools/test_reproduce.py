@@ -46,3 +46,35 @@ def test_shown_commands_paste_back_into_a_shell():
   assert shown.startswith('python -m lingshard.trainer --model=m4.TinyMoE '
                           '--params_override="input.file_pattern=')
   assert shlex.split(shown)[1:] == argv[1:]
+
+
+def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
+  runs = _Module('reproduce_runs')
+  run = runs.Run('cc_E8_s1', 'm4.TinyMoE', 1, [10], 'input.seed=1001')
+  key = _SpecHash(run)
+  stored = dict(name=run.name, spec=run.Spec(), spec_hash=key, curve=[],
+                reused_from='conditional experiment at revision abc1234')
+  # `python` that fails: any attempt to train raises.
+  runner = runs.Runner(str(tmp_path), 'data', 'lm', workers=1,
+                       python='/bin/false', stored={run.name: stored})
+  assert runner.RunAll([run], printer=lambda *a, **k: None) == {
+      run.name: stored}
+  # Written into the work dir: reused from there next time.
+  assert (tmp_path / run.name / 'result.json').exists()
+  changed = runs.Run('cc_E8_s2', 'm4.TinyMoE', 2, [10], 'input.seed=1002')
+  runner = runs.Runner(str(tmp_path / 'b'), 'data', 'lm', workers=1,
+                       python='/bin/false',
+                       stored={changed.name: dict(stored, name=changed.name)})
+  try:
+    runner.RunAll([changed], printer=lambda *a, **k: None)
+    raise AssertionError('a run with a different spec was reused')
+  except RuntimeError as e:
+    assert str(e).startswith('run cc_E8_s2: exit 1 of python -m '
+                             'lingshard.trainer --model=m4.TinyMoE')
+
+
+def _SpecHash(run):
+  import hashlib  # pylint: disable=g-import-not-at-top
+  import json  # pylint: disable=g-import-not-at-top
+  return hashlib.sha256(json.dumps(run.Spec(), sort_keys=True).encode()
+                        ).hexdigest()
