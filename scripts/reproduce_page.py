@@ -430,7 +430,7 @@ def Balance(res, res_dir):
   png = reproduce_plots.Bars(
       os.path.join(res_dir, 'balance.png'),
       [name.split(' (')[0] for name, _ in arms] +
-      ['LM ' + name.split(' (')[0] for name, _ in lm],
+      ['LM losses 0.1', 'LM no losses'],
       {c: [MeanSd([r['routing'].get(k) for r in rs])[0] or 0.0
            for _, rs in arms + lm]
        for k, c in ROUTING_COLS[:3]}, 'routing balance')
