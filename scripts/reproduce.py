@@ -61,21 +61,28 @@ POLICIES = ('all', 'random')
 # sweep_steps: the capacity sweep's budget (8 arms).
 CONFIGS = {
     'full': dict(steps=1000, eval_every=250, seeds=(1, 2, 3),
-                 sweep_seeds=(1,), sweep_steps=500, lm_steps=1500, bench_step_mode='jit',
+                 sweep_seeds=(1,), sweep_steps=500, lm_steps=1500,
+                 bench_step_mode='jit',
                  arms=('E4', 'E8', 'E16', 'E32'),
                  capacity_factors=CAPACITY_FACTORS, dev_rows=0,
                  bench_step_reps=3, bench_step_batches=12,
                  spmd_devices='2,4,8,16,32,64', moe_experts='8 16 64',
-                 moe_reps=3, gpipe_args=('--quick',)),
+                 moe_reps=3, gpipe_args=('--quick',), mt_overrides=''),
     # Every table and figure from a subset of each experiment's arms,
-    # evaluated and decoded on every 25th dev row.
-    'quick': dict(steps=20, eval_every=10, seeds=(1,), sweep_seeds=(1,),
-                  sweep_steps=20, lm_steps=20, bench_step_mode='graph', arms=('E32',),
-                  capacity_factors=(0.5, 2.0), dev_rows=50, bench_step_reps=1,
-                  bench_step_batches=4, spmd_devices='2,4',
+    # evaluated and decoded on every 50th dev row.
+    # (10 steps: a trainer process's start-up and tracing dominate.)
+    'quick': dict(steps=10, eval_every=10, seeds=(1,), sweep_seeds=(1,),
+                  sweep_steps=10, lm_steps=10, bench_step_mode='graph',
+                  arms=('E32',), capacity_factors=(0.5, 2.0), dev_rows=50,
+                  bench_step_reps=1, bench_step_batches=2, spmd_devices='2,4',
                   moe_experts='8', moe_reps=1,
                   gpipe_args=('--mem_layers=4', '--mem_micro_batches=1,8',
-                              '--stages=2', '--micro_batches=1,8')),
+                              '--stages=2', '--micro_batches=1,8',
+                              '--eff_layers=4', '--run_reps=1',
+                              '--mem_batch_size=32', '--batch_size=16'),
+                  # One bucket shape: one trace per step function.
+                  mt_overrides='input.bucket_upper_bounds=[64];'
+                  'input.bucket_batch_limits=[16]'),
 }
 
 
@@ -334,7 +341,8 @@ class Context:
     self.cfg = CONFIGS['quick' if args.quick else 'full']
     self.data_dir, self.out_dir = args.data_dir, args.out_dir
     self.work_dir = args.work_dir
-    self.params_override = args.params_override
+    self.params_override = ';'.join(
+        o for o in (self.cfg['mt_overrides'], args.params_override) if o)
     # The E8 arm's equal wall-clock steps, from this run's conditional
     # experiment or the stored one (so depth and balance reuse its runs).
     self.e8_wall = None
@@ -352,7 +360,7 @@ class Context:
     self.runner = reproduce_runs.Runner(args.work_dir, args.data_dir,
                                         args.lm_data_dir, args.workers,
                                         dev_dir=dev_dir,
-                                        mt_overrides=args.params_override,
+                                        mt_overrides=self.params_override,
                                         stored=StoredRuns(args))
 
 
