@@ -1,6 +1,6 @@
 """The evidence page: the papers' headline claims at laptop scale.
 
-  .venv/bin/python scripts/reproduce.py            # full run, ~2.7 h on 2 cores
+  .venv/bin/python scripts/reproduce.py            # full run, ~3 h on 2 cores
   .venv/bin/python scripts/reproduce.py --quick    # smoke run (minutes)
   .venv/bin/python scripts/reproduce.py --only capacity,balance
 
