@@ -31,6 +31,7 @@ which).
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import re
@@ -392,6 +393,7 @@ def StoredRuns(args):
   return out
 
 
+@functools.cache
 def _SamePackage(rev):
   """True when lingshard/ at `rev` equals the checkout's (committed and
   uncommitted)."""

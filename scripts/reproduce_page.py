@@ -39,17 +39,34 @@ def Fmt(values, digits=2):
   return f'{m:.{digits}f}' + (f' ± {sd:.{digits}f}' if sd is not None else '')
 
 
+def _Spread(a, b):
+  """(mean_a, mean_b, seed spread) under the page's rule; spread None when
+  a side is unmeasured or both have one seed."""
+  (ma, sa, _), (mb, sb, _) = MeanSd(a), MeanSd(b)
+  if ma is None or mb is None or (sa is None and sb is None):
+    return ma, mb, None
+  return ma, mb, (sa if sa is not None else sb) + (sb if sb is not None else sa)
+
+
+def Claim(a, b, higher_better):
+  """+1 when value list a is better than b beyond the seed spread, -1 when
+  b is, 0 when the page makes no claim."""
+  ma, mb, spread = _Spread(a, b)
+  if spread is None or abs(ma - mb) <= spread:
+    return 0
+  return 1 if (ma > mb) == higher_better else -1
+
+
 def Verdict(a, b, higher_better, a_name, b_name, what):
   """One sentence comparing value lists a and b under the spread rule."""
-  (ma, sa, _), (mb, sb, _) = MeanSd(a), MeanSd(b)
+  ma, mb, spread = _Spread(a, b)
   if ma is None or mb is None:
     return f'{what}: not measured.'
-  if sa is None and sb is None:
+  if spread is None:
     return (f'{what}: {a_name} {ma:.3f} vs {b_name} {mb:.3f} (one seed each: '
             f'no claim).')
-  spread = (sa if sa is not None else sb) + (sb if sb is not None else sa)
   diff = ma - mb
-  better = a_name if (diff > 0) == higher_better else b_name
+  better = a_name if Claim(a, b, higher_better) > 0 else b_name
   if abs(diff) > spread:
     return (f'{what}: **{better} is better** ({a_name} {ma:.3f} vs {b_name} '
             f'{mb:.3f}; |Δ| {abs(diff):.3f} > seed spread {spread:.3f}).')
@@ -175,8 +192,7 @@ def _ConditionalReading(res, runs, names):
     if a == 'dense':
       continue
     vals = [CurveAt(r, arms[a]['wall_steps']) for r in runs[a]]
-    if '**' in Verdict(vals, dense, False, a, 'dense', '') and (
-        MeanSd(vals)[0] < MeanSd(dense)[0]):
+    if Claim(vals, dense, False) > 0:
       wins.append(a)
   if wins:
     return [f'MoE arms better than dense on dev log-pplx at equal '
@@ -326,11 +342,11 @@ def Depth(res, res_dir):
               '2+2.', '']
   else:
     lines += ['6+6 does not reach the threshold within the budget.', '']
-  verdict = Verdict([CurveAt(r, steps) for r in deep],
-                    [CurveAt(r, steps) for r in shallow], False, '6+6', '2+2',
-                    'dev log-pplx at equal steps')
-  lines += ['- ' + verdict, '']
-  if '**6+6 is better**' not in verdict:
+  deep_v, shallow_v = ([CurveAt(r, steps) for r in rs]
+                       for rs in (deep, shallow))
+  lines += ['- ' + Verdict(deep_v, shallow_v, False, '6+6', '2+2',
+                           'dev log-pplx at equal steps'), '']
+  if Claim(deep_v, shallow_v, False) <= 0:
     lines += _DepthReading(shallow, deep, _StepRatio(res_dir))
   png = reproduce_plots.Curves(
       os.path.join(res_dir, 'depth_curves.png'),
@@ -408,13 +424,13 @@ def Balance(res, res_dir):
       Fmt([Score(r, SPLITS[0], steps) for r in rs])] for name, rs in arms]
   lines += _Table(['GShard top-2', 'seeds'] + [c for _, c in ROUTING_COLS] +
                   ['dev log-pplx', 'chrF unseen'], rows)
-  quality = Verdict([CurveAt(r, steps) for r in arms[1][1]],
-                    [CurveAt(r, steps) for r in arms[0][1]], False, 'aux 0',
-                    'aux 0.01', 'dev log-pplx')
+  noaux_v, aux_v = ([CurveAt(r, steps) for r in rs]
+                    for rs in (arms[1][1], arms[0][1]))
   lines += ['- ' + Verdict([r['routing'].get('cv_load') for r in arms[1][1]],
                            [r['routing'].get('cv_load') for r in arms[0][1]],
                            False, 'aux 0', 'aux 0.01', 'CV(load)'),
-            '- ' + quality, '']
+            '- ' + Verdict(noaux_v, aux_v, False, 'aux 0', 'aux 0.01',
+                           'dev log-pplx'), '']
   lm = (('w_importance = w_load = 0.1 (`lm1b.TinyMoE`)', _Runs(res, 'lm_moe')),
         ('no balancing losses', _Runs(res, 'lm_noloss')))
   lm_steps = res['lm_steps']
@@ -425,7 +441,7 @@ def Balance(res, res_dir):
   lines += [f'Noisy top-4 MoE LM (Shazeer eqs. 6–11), {lm_steps} steps:', '']
   lines += _Table(['lm1b.TinyMoE', 'seeds', 'CV(importance)', 'CV(load)',
                    'max/mean load', 'dev log-pplx'], rows)
-  if '**aux 0.01 is better**' not in quality:
+  if Claim(aux_v, noaux_v, False) <= 0:
     lines += _BalanceReading(arms, lm, lm_steps)
   png = reproduce_plots.Bars(
       os.path.join(res_dir, 'balance.png'),
@@ -582,11 +598,10 @@ def Lm(res, res_dir):
           for name, rs in (('`lm1b.TinyMoE`', moe), ('`lm1b.TinyLSTM`', lstm))]
   lines += [f'Equal steps ({steps}); same matmul FLOPs per word.', '']
   lines += _Table(['model', 'seeds', 'dev log-pplx', 'dev perplexity'], rows)
-  verdict = Verdict([CurveAt(r, steps) for r in moe],
-                    [CurveAt(r, steps) for r in lstm], False, 'TinyMoE',
-                    'TinyLSTM', 'dev log-pplx')
-  lines += ['- ' + verdict, '']
-  if '**TinyMoE is better**' not in verdict:
+  moe_v, lstm_v = ([CurveAt(r, steps) for r in rs] for rs in (moe, lstm))
+  lines += ['- ' + Verdict(moe_v, lstm_v, False, 'TinyMoE', 'TinyLSTM',
+                           'dev log-pplx'), '']
+  if Claim(moe_v, lstm_v, False) <= 0:
     words = MeanSd([r['tgt_tokens_per_step'] for r in moe + lstm])[0] or 0
     lines += [
         '**Why the laptop analogue differs (our reading).** Shazeer Table 7 '
@@ -621,7 +636,7 @@ def Write(out_dir, data_dir):
            'one seed on a side, that side borrows the other side\'s sd; with '
            'one seed on both sides no claim is made). Machine: 2 CPU cores, '
            'no accelerator.', '']
-  written = []
+  written, minutes = [], []
   sections = (('conditional', lambda r: Conditional(r, res_dir, data_dir)),
               ('depth', lambda r: Depth(r, res_dir)),
               ('balance', lambda r: Balance(r, res_dir)),
@@ -638,15 +653,13 @@ def Write(out_dir, data_dir):
     section, pngs = render(res)
     lines += section
     written += pngs
-  minutes = [(name, r['seconds'] / 60) for name in [n for n, _ in sections]
-             for r in [_Load(res_dir, name)] if r]
-  lines.insert(4, 'Run times of the invocations that produced the sections '
-               '(minutes, 2 cores): ' + ', '.join(
-                   f'{n} {m:.1f}' for n, m in minutes) +
-               f'; {sum(m for _, m in minutes) / 60:.1f} h in all. Runs a '
-               'section reused from an earlier invocation (marked in its '
-               'commands) are not counted again.')
-  lines.insert(5, '')
+    minutes.append((name, res['seconds'] / 60))
+  lines[4:4] = [
+      'Run times of the invocations that produced the sections (minutes, 2 '
+      'cores): ' + ', '.join(f'{n} {m:.1f}' for n, m in minutes) +
+      f'; {sum(m for _, m in minutes) / 60:.1f} h in all. Runs a section '
+      'reused from an earlier invocation (marked in its commands) are not '
+      'counted again.', '']
   page = os.path.join(out_dir, 'RESULTS.md')
   with open(page, 'w', encoding='utf-8') as f:
     f.write('\n'.join(lines).rstrip() + '\n')

@@ -83,6 +83,11 @@ class Run:
                 overrides=self.overrides, decode=self.decode,
                 eval_every=self.eval_every, data=self.data)
 
+  def SpecHash(self):
+    """The key a finished run's result.json is reused under."""
+    return hashlib.sha256(json.dumps(self.Spec(), sort_keys=True).encode()
+                          ).hexdigest()
+
 
 class Runner:
   """Executes Runs under `work_dir` with `workers` at a time."""
@@ -143,8 +148,7 @@ class Runner:
   def _Execute(self, run):
     logdir = os.path.join(self.work_dir, run.name)
     done = os.path.join(logdir, 'result.json')
-    spec = run.Spec()
-    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
+    spec, key = run.Spec(), run.SpecHash()
     if os.path.exists(done):
       with open(done, encoding='utf-8') as f:
         result = json.load(f)

@@ -7,6 +7,8 @@ import os
 import shlex
 import sys
 
+import pytest
+
 from tests.trainer import trainer_testlib
 
 SCRIPTS = os.path.join(trainer_testlib.REPO, 'scripts')
@@ -35,6 +37,11 @@ def test_claims_only_beyond_the_seed_spread():
       [30.0, 30.1], [31.0, 31.1], True, 'moe', 'dense', 'chrF')
   assert 'one seed each: no claim' in page.Verdict([1.0], [2.0], False, 'a',
                                                    'b', 'x')
+  # The readings branch on the same rule.
+  assert page.Claim([3.0, 3.02, 3.01], [3.2, 3.22, 3.21], False) == 1
+  assert page.Claim([3.0, 3.02, 3.01], [3.2, 3.22, 3.21], True) == -1
+  assert page.Claim([3.0, 3.2, 3.1], [3.15, 3.35, 3.25], False) == 0
+  assert page.Claim([1.0], [2.0], False) == 0
 
 
 def test_shown_commands_paste_back_into_a_shell():
@@ -51,8 +58,8 @@ def test_shown_commands_paste_back_into_a_shell():
 def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
   runs = _Module('reproduce_runs')
   run = runs.Run('cc_E8_s1', 'm4.TinyMoE', 1, [10], 'input.seed=1001')
-  key = _SpecHash(run)
-  stored = dict(name=run.name, spec=run.Spec(), spec_hash=key, curve=[],
+  stored = dict(name=run.name, spec=run.Spec(), spec_hash=run.SpecHash(),
+                curve=[],
                 reused_from='conditional experiment at revision abc1234')
   # `python` that fails: any attempt to train raises.
   runner = runs.Runner(str(tmp_path), 'data', 'lm', workers=1,
@@ -65,16 +72,8 @@ def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
   runner = runs.Runner(str(tmp_path / 'b'), 'data', 'lm', workers=1,
                        python='/bin/false',
                        stored={changed.name: dict(stored, name=changed.name)})
-  try:
+  # A different spec: the trainer really runs (and fails here).
+  with pytest.raises(RuntimeError) as e:
     runner.RunAll([changed], printer=lambda *a, **k: None)
-    raise AssertionError('a run with a different spec was reused')
-  except RuntimeError as e:
-    assert str(e).startswith('run cc_E8_s2: exit 1 of python -m '
-                             'lingshard.trainer --model=m4.TinyMoE')
-
-
-def _SpecHash(run):
-  import hashlib  # pylint: disable=g-import-not-at-top
-  import json  # pylint: disable=g-import-not-at-top
-  return hashlib.sha256(json.dumps(run.Spec(), sort_keys=True).encode()
-                        ).hexdigest()
+  assert str(e.value).startswith('run cc_E8_s2: exit 1 of python -m '
+                                 'lingshard.trainer --model=m4.TinyMoE')
