@@ -15,9 +15,11 @@ Split mappings (`split_dims_mapping`) give, per tensor dim, the mesh axis it
 is split over or -1 (replicated along it); a mesh axis may be given by index
 or by name when `mesh_axis_names` is passed. None entries mean -1.
 
-Graphs that TensorFlow executes without XLA are traced under
-`ForProgram(False)` (the trainer, evaluator and decoder do): there an
-annotation would only cost time.
+Every `tf.function` in lingshard is built by `Function(fn, xla_compiled)`,
+which says whether XLA compiles the program: a graph TensorFlow executes op
+by op (xla_compiled=False, not on TPU) is traced `Unannotated()`, where an
+annotation would only cost time; the trainer, evaluator, decoder, export,
+SPMD checker and smoke tool all build their programs with it.
 
 Manual partitioning (`auto_to_manual` ... `manual_to_auto`, GShard §3.2)
 changes shapes, so it can only be emitted into a program that the SPMD
@@ -30,6 +32,7 @@ a manual region must therefore take shapes from its (local) inputs.
 
 import contextlib
 import contextvars
+import functools
 
 import numpy as np
 import tensorflow as tf
@@ -38,7 +41,7 @@ from tensorflow.python.compiler.xla.experimental import xla_sharding
 __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
     'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
-    'PartitionCount', 'Unannotated', 'ForProgram', 'OnTpu',
+    'PartitionCount', 'Unannotated', 'ForProgram', 'Function', 'OnTpu',
     'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
 ]
 
@@ -102,6 +105,31 @@ def ForProgram(xla_compiled):
   if xla_compiled or OnTpu():
     return contextlib.nullcontext()
   return Unannotated()
+
+
+def Function(fn=None, *, xla_compiled, **tf_function_kwargs):
+  """`tf.function(fn, **tf_function_kwargs)` traced under
+  `ForProgram(xla_compiled)`: the one way lingshard builds a tf.function.
+
+  `xla_compiled` says whether XLA will compile the program (jit_compile,
+  a TPU replica function, an exported HLO); it does not set jit_compile,
+  which stays a tf.function argument. The context is entered at trace
+  time (every trace, including `get_concrete_function`), so it holds
+  whoever calls the function. A function nested in another's trace keeps
+  the outer program's choice (ForProgram(True) adds nothing). Usable as a
+  decorator, also of methods: `@sharding.Function(xla_compiled=False,
+  input_signature=[...])`.
+  """
+  if fn is None:
+    return functools.partial(Function, xla_compiled=xla_compiled,
+                             **tf_function_kwargs)
+
+  @functools.wraps(fn)
+  def Traced(*args, **kwargs):
+    with ForProgram(xla_compiled):
+      return fn(*args, **kwargs)
+
+  return tf.function(Traced, **tf_function_kwargs)
 
 
 def PartitionCount():

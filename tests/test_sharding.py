@@ -2,6 +2,9 @@
 
 Partitioned runs of these annotations are in tests/spmd/."""
 
+import os
+import tokenize
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -207,3 +210,27 @@ def test_for_program_drops_annotations_only_from_graphs_xla_skips():
   assert 'XlaSharding' in Ops(True)
   assert 'XlaSharding' not in Ops(False)
   assert 'Mul' in Ops(False) and 'AddV2' in Ops(False)
+
+
+def _TfFunctionUses(path):
+  """Lines where code (not strings or comments) names `tf.function`."""
+  with open(path, 'rb') as f:
+    toks = [t for t in tokenize.tokenize(f.readline)
+            if t.type in (tokenize.NAME, tokenize.OP)]
+  return [a.start[0] for a, b, c in zip(toks, toks[1:], toks[2:])
+          if (a.string, b.string, c.string) == ('tf', '.', 'function')]
+
+
+def test_every_tf_function_is_built_by_sharding_function():
+  """Whoever builds a tf.function says whether XLA compiles it: in the
+  package that is `sharding.Function` alone (DEVELOPERS.md)."""
+  root = os.path.dirname(sharding.__file__)
+  uses = {}
+  for d, _, files in os.walk(root):
+    for name in files:
+      path = os.path.join(d, name)
+      if name.endswith('.py') and path != sharding.__file__:
+        lines = _TfFunctionUses(path)
+        if lines:
+          uses[os.path.relpath(path, root)] = lines
+  assert uses == {}

@@ -108,12 +108,11 @@ class MtDecoder(decode_loop.BaseDecoder):
     self._decode_kwargs = dict(decode_kwargs or {})
     p = task.params
     self._jit = 'decode' in p and 'jit' in p.decode and p.decode.jit
-    self._decode = tf.function(self._Decode, jit_compile=self._jit,
-                               autograph=False)
+    self._decode = sharding.Function(self._Decode, xla_compiled=self._jit,
+                                     jit_compile=self._jit, autograph=False)
 
   def _Decode(self, theta, ids, paddings):
-    with sharding.ForProgram(self._jit):
-      return self.task.Decode(theta, ids, paddings, **self._decode_kwargs)
+    return self.task.Decode(theta, ids, paddings, **self._decode_kwargs)
 
   def DecodeBatch(self, theta, batch):
     """Records of one batch."""

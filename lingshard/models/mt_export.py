@@ -27,6 +27,7 @@ process needs only
 import tensorflow as tf
 import tensorflow_text as tf_text
 
+from lingshard import sharding
 from lingshard.data import vocab
 from lingshard.train import export
 
@@ -94,7 +95,8 @@ class Translator(tf.Module):
     mask = tf.sequence_mask(tokens.row_lengths(), self._max_len)
     return ids, 1.0 - tf.cast(mask, tf.float32), num_pieces
 
-  @tf.function(input_signature=[
+  # Served op by op (a SavedModel signature): traced without sharding ops.
+  @sharding.Function(xla_compiled=False, input_signature=[
       tf.TensorSpec([None], tf.string, name='source'),
       tf.TensorSpec([None], tf.string, name='language')])
   def translate(self, source, language):

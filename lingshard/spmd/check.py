@@ -239,16 +239,17 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
   ref = None
   if compare:
     with sharding.Unannotated():
-      ref_hlo = tf.function(Flat, jit_compile=True, autograph=False
-                            ).experimental_get_compiler_ir(*tensors)(
-                                stage='hlo_serialized')
+      ref_hlo = sharding.Function(
+          Flat, xla_compiled=True, jit_compile=True, autograph=False
+      ).experimental_get_compiler_ir(*tensors)(stage='hlo_serialized')
     shapes = [tuple(t.shape) for t in structure['out'].Flatten()]
     ref = xla_runtime.CompileSpmd(ref_hlo, 1).Run(values, shapes)
     ref = [np.asarray(r) for r in ref]
 
   start = time.perf_counter()
   with sharding.SpmdPartitioning(num):
-    exported = tf.function(Flat, jit_compile=True, autograph=False)
+    exported = sharding.Function(Flat, xla_compiled=True, jit_compile=True,
+                                 autograph=False)
     hlo = exported.experimental_get_compiler_ir(*tensors)(
         stage='hlo_serialized')
   export_seconds = time.perf_counter() - start

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from lingshard import base_input
 from lingshard import model_registry
+from lingshard import sharding
 from lingshard.tools import cli
 
 # Private flag values: tools can be imported together without clashes.
@@ -32,7 +33,7 @@ def Run(model_key, steps, log_every=5, printer=print):
   variables = task.vars.Flatten()
   opt = tf.keras.optimizers.Adam(task.params.train.learning_rate)
 
-  @tf.function
+  @sharding.Function(xla_compiled=False)
   def Step(batch):
     with tf.GradientTape() as tape:
       metrics, _ = task.FProp(task.ShardTheta(task.theta), batch)

@@ -56,13 +56,12 @@ class Evaluator:
     self.task = task
     self._input = input_generator
     self._num_batches = num_batches
-    self._fprop = tf.function(self._FProp)
+    self._fprop = sharding.Function(self._FProp, xla_compiled=False)
     self._is_nll = False  # Set while tracing: which PerExampleLoss branch.
 
   def _FProp(self, theta, batch, step):
-    with sharding.ForProgram(False):
-      metrics, per_example = self.task.FProp(
-          theta, base_input.NumericBatch(batch), step=step)
+    metrics, per_example = self.task.FProp(
+        theta, base_input.NumericBatch(batch), step=step)
     loss, weight, self._is_nll = PerExampleLoss(per_example)
     metrics = NestedMap({k: (tf.cast(v, tf.float32), tf.cast(w, tf.float32))
                          for k, (v, w) in metrics.items()})

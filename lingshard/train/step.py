@@ -23,6 +23,7 @@ update was applied, 0.0 when it was refused), `num_examples` and
 import tensorflow as tf
 
 from lingshard import base_input
+from lingshard import sharding
 from lingshard.nested_map import NestedMap
 from lingshard.optim import base as optim_base
 from lingshard.optim import schedules
@@ -68,11 +69,12 @@ class TrainStep:
     # Plain TF (Lingvo style), no autograph: a configuration error raised
     # while tracing (e.g. pipeline.PipelineError) reaches the trainer as
     # itself, one line, not wrapped in autograph's StagingError.
-    self._compiled = tf.function(self.Pure, jit_compile=jit, autograph=False)
-    self._jit_grads = tf.function(self.LossAndGrads, jit_compile=True,
-                                  autograph=False)
-    self._jit_update = tf.function(self.Update, jit_compile=True,
-                                   autograph=False)
+    self._compiled = sharding.Function(self.Pure, xla_compiled=jit,
+                                       jit_compile=jit, autograph=False)
+    self._jit_grads = sharding.Function(self.LossAndGrads, xla_compiled=True,
+                                        jit_compile=True, autograph=False)
+    self._jit_update = sharding.Function(self.Update, xla_compiled=True,
+                                         jit_compile=True, autograph=False)
 
   def InitOptState(self, theta):
     """Initial optimizer state for theta (tensors shaped like the slots)."""

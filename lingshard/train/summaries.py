@@ -76,13 +76,18 @@ class Throughput:
     return rates
 
 
-def ProgressLine(step, max_steps, loss, rates):
+def ProgressLine(step, max_steps, loss, rates, seconds_left=None):
   """`step 120/1000 loss 0.012345 steps/s 41.2 tokens/s 12.3k ETA 0:00:21`.
 
   tokens/s is shown when the batches have target tokens, else examples/s.
+  The ETA is to whichever limit binds first: `max_steps` at the current
+  speed, or `seconds_left` of a time budget (None: no budget).
   """
   sps = rates['steps_per_sec']
   eta = (max_steps - step) / sps if sps > 0 else None
+  if seconds_left is not None:
+    seconds_left = max(float(seconds_left), 0.0)
+    eta = seconds_left if eta is None else min(eta, seconds_left)
   if rates['tokens_per_sec'] > 0:
     speed = f'tokens/s {_Human(rates["tokens_per_sec"])}'
   else:

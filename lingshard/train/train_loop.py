@@ -25,6 +25,7 @@ from absl import logging
 import tensorflow as tf
 
 from lingshard import base_input
+from lingshard import sharding
 from lingshard.train import checkpointer as checkpointer_lib
 from lingshard.train import state as state_lib
 from lingshard.train import step as step_lib
@@ -101,8 +102,11 @@ class Trainer:
     # strategy; across replicas only the step's halves (jit_halves).
     self._jit_whole = (self._info.jit_step and self._info.kind == 'default')
     self._jit_halves = self._info.jit_step and not self._jit_whole
-    self.run_step = tf.function(self._RunStep, jit_compile=self._jit_whole,
-                                autograph=False)  # As step.py.
+    # Annotated when XLA compiles the step (--jit, TPU); a graph TF runs op
+    # by op is traced without sharding ops (sharding.Function).
+    self.run_step = sharding.Function(
+        self._RunStep, xla_compiled=self._info.jit_step or self._info.kind ==
+        'tpu', jit_compile=self._jit_whole, autograph=False)  # As step.py.
 
   # ------------------------------------------------------------ the step
   def Step(self, batch):
@@ -201,8 +205,11 @@ class Trainer:
               'examples_per_sec': rates['examples_per_sec'],
               'tokens_per_sec': rates['tokens_per_sec']})
         if log_due:
+          left = (max_seconds - (time.time() - start)
+                  if max_seconds else None)
           self._printer(summaries.ProgressLine(
-              step, max_steps, float(metrics_np['loss'][0]), rates))
+              step, max_steps, float(metrics_np['loss'][0]), rates,
+              seconds_left=left))
       self.checkpointer.MaybeSave(step)
       if eval_hook and tp.eval_interval_steps and (
           step % tp.eval_interval_steps == 0) and not last:

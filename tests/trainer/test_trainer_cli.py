@@ -192,6 +192,8 @@ def test_time_budget_stops_with_a_checkpoint(tmp_path):
   _, lines = _Execute('--model=toy.FFRegression', f'--logdir={tmp_path}',
                       '--max_train_seconds=1e-9')
   assert lines[-2].startswith('step 1/200 loss ')
+  # The budget binds before step 200: the ETA is what is left of it.
+  assert lines[-2].endswith(' ETA 0:00:00'), lines[-2]
   assert lines[-1] == 'time budget of 1e-09s reached at step 1'
   assert tf.train.latest_checkpoint(str(tmp_path / 'train')).endswith(
       'ckpt-1')
