@@ -41,7 +41,8 @@ from lingshard import base_input
 from lingshard import config_check
 from lingshard import hyperparams
 from lingshard import model_registry
-from lingshard.layers import moe
+from lingshard import platform as platform_lib
+from lingshard.layers import base_layer
 from lingshard.layers import pipeline
 from lingshard.train import checkpointer
 from lingshard.train import decode_loop
@@ -133,7 +134,8 @@ def BuildParams(cfg, dataset='Train', for_eval=False):
     overrides.ApplyParamsFile(params, cfg.params_file, _ReadText)
   overrides.ApplyOverrides(params, cfg.params_override)
   # 'auto' MoE dispatch -> the platform's measured-fastest equal one.
-  moe.ResolveDispatch(params.task, strategies.Platform(cfg.strategy))
+  base_layer.ResolveParams(params.task,
+                           platform=platform_lib.Platform(cfg.strategy))
   if for_eval:
     overrides.ApplyOverrides(params, cfg.eval_params_override,
                              '--eval_params_override')

@@ -53,19 +53,19 @@ def main():
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingshard import sharding  # pylint: disable=g-import-not-at-top
   from lingshard import model_registry  # pylint: disable=g-import-not-at-top
-  from lingshard.layers import moe  # pylint: disable=g-import-not-at-top
+  from lingshard import platform as platform_lib  # pylint: disable=g-import-not-at-top
+  from lingshard.layers import base_layer  # pylint: disable=g-import-not-at-top
   from lingshard.models import mt_decoder  # pylint: disable=g-import-not-at-top
   from lingshard.tools import demo  # pylint: disable=g-import-not-at-top
   from lingshard.train import checkpointer  # pylint: disable=g-import-not-at-top
   from lingshard.train import state as state_lib  # pylint: disable=g-import-not-at-top
-  from lingshard.train import strategies  # pylint: disable=g-import-not-at-top
 
   def Params(dataset, file_pattern):
     p = model_registry.GetParams(args.model, dataset)
     p.input.file_pattern = file_pattern
     for key, path in demo.VocabPaths(args.model, args.data_dir).items():
       p.input.Set(**{key: path})
-    moe.ResolveDispatch(p.task, strategies.Platform('default'))
+    base_layer.ResolveParams(p.task, platform=platform_lib.Platform('default'))
     return p
 
   params = Params('Train', os.path.join(args.data_dir, 'train.tsv'))

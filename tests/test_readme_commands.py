@@ -32,10 +32,10 @@ from lingshard import model_registry
 from lingshard import trainer
 from lingshard.data import corpus_io
 from lingshard.data import wheels
-from lingshard.layers import moe
+from lingshard import platform as platform_lib
+from lingshard.layers import base_layer
 from lingshard.models import mt_decoder
 from lingshard.tools import count_params
-from lingshard.train import strategies
 from tests import readme_testlib as lib
 
 SETUP, COMMANDS, SNIPPETS = lib.ReadmeCommands()
@@ -187,7 +187,8 @@ def _CheckPrintParams(r):
   params = model_registry.GetParams(model, 'Train')
   # The printed params are the ones the trainer runs: 'auto' MoE dispatch
   # resolved for this machine's platform.
-  moe.ResolveDispatch(params.task, strategies.Platform('default'))
+  base_layer.ResolveParams(params.task,
+                           platform=platform_lib.Platform('default'))
   assert r.stdout.rstrip('\n') == params.ToText().rstrip('\n')
 
 

@@ -55,6 +55,27 @@ def WeightParams(shape, init=None, dtype=None, device_mesh=None,
   return p
 
 
+def ResolveParams(params, platform=None, inference=False):
+  """The one visitor of the params hooks: for every layer params in the
+  tree `params` (in place, depth first), `cls.ForPlatform(p, platform)`
+  when a platform is given and `cls.ForInference(p)` when `inference`.
+  Returns the dotted keys that were set."""
+  keys = []
+  for prefix, sub in params.IterParams():
+    if not isinstance(sub, hyperparams.InstantiableParams):
+      continue
+    cls = sub.cls
+    if not (isinstance(cls, type) and issubclass(cls, BaseLayer)):
+      continue
+    names = []
+    if platform is not None:
+      names += cls.ForPlatform(sub, platform)
+    if inference:
+      names += cls.ForInference(sub)
+    keys += [f'{prefix}.{n}' if prefix else n for n in names]
+  return keys
+
+
 def StableSeed(*parts):
   """A 31-bit seed from strings/ints, stable across runs and processes."""
   text = '/'.join(str(p) for p in parts)
@@ -119,6 +140,23 @@ class BaseLayer(tf.Module):
     d['_weight_params'] = {}   # name -> resolved WeightParams
     d['_vars'] = None          # name -> tf.Variable once created
     d.setdefault('_init_depth', 0)
+
+  # ----------------------------------------------- params resolution hooks
+  @classmethod
+  def ForPlatform(cls, p, platform):
+    """Sets, in `p` (this class's params), what they leave to the platform
+    the program runs on ('cpu' | 'gpu' | 'tpu', lingshard.platform);
+    returns the keys set. Applied by `ResolveParams`; default: nothing."""
+    del p, platform
+    return []
+
+  @classmethod
+  def ForInference(cls, p):
+    """Sets, in `p`, what the layer changes to decode token by token (a
+    decoding task's `InferenceParams` applies it through `ResolveParams`);
+    returns the keys set. Default: nothing."""
+    del p
+    return []
 
   # ------------------------------------------------------------- properties
   @property

@@ -33,15 +33,18 @@ on G, gating weights replicated, dispatched `[E, G, C, M]` and expert weights
 split on E over the same mesh axis. `dispatch_impl` = 'einsum' (Algorithm 2)
 or 'gather' (index-based; under a mesh it runs per group under manual
 partitioning, which needs XLA); both give the same outputs and gradients.
-'auto' (the default) is resolved per platform by `AutoDispatchImpl`:
-the trainer resolves it in the params it builds (`ResolveDispatch`, so
-`--mode=print_params` shows the choice), a layer built directly resolves
-it from the devices TensorFlow sees.
+'auto' (the default) is resolved per platform by `AutoDispatchImpl`, in
+one place, the class hook `MoEBase.ForPlatform`: whoever builds params
+for a platform applies it with `base_layer.ResolveParams(params,
+platform=...)` (the trainer, so `--mode=print_params` shows the choice;
+spmd_check with 'tpu'); a layer built directly applies it for this host
+(lingshard.platform).
 """
 
 import numpy as np
 import tensorflow as tf
 
+from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
 from lingshard.layers import gating
 from lingshard.layers import linear
@@ -53,7 +56,6 @@ from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 
 DISPATCH_IMPLS = ('auto', 'einsum', 'gather')
-PLATFORMS = ('cpu', 'gpu', 'tpu')
 
 
 def AutoDispatchImpl(platform):
@@ -65,33 +67,10 @@ def AutoDispatchImpl(platform):
   TPU (dispatch and combine are MXU matmuls; XLA:TPU serialises dynamic
   gathers and scatters); both pass the SPMD checker.
   """
-  if platform not in PLATFORMS:
-    raise ValueError(f'platform must be one of {PLATFORMS}, got {platform!r}')
+  if platform not in platform_lib.PLATFORMS:
+    raise ValueError(f'platform must be one of {platform_lib.PLATFORMS}, '
+                     f'got {platform!r}')
   return 'einsum' if platform == 'tpu' else 'gather'
-
-
-def LocalPlatform():
-  """'tpu' if the machine has a TPU, else 'gpu' if a GPU, else 'cpu'.
-
-  Lists physical devices: that does not initialise TensorFlow's logical
-  devices, which a caller may still configure (e.g. virtual CPUs).
-  """
-  for platform in ('tpu', 'gpu'):
-    if tf.config.list_physical_devices(platform.upper()):
-      return platform
-  return 'cpu'
-
-
-def ResolveDispatch(params, platform):
-  """Replaces every `dispatch_impl='auto'` in a params tree (in place) by
-  AutoDispatchImpl(platform); returns the dotted keys it set."""
-  impl = AutoDispatchImpl(platform)
-  keys = []
-  for key, sub in params.IterParams():
-    if 'dispatch_impl' in sub and sub.dispatch_impl == 'auto':
-      sub.dispatch_impl = impl
-      keys.append(f'{key}.dispatch_impl' if key else 'dispatch_impl')
-  return keys
 
 
 class MoEBase(base_layer.BaseLayer):
@@ -172,6 +151,29 @@ class MoEBase(base_layer.BaseLayer):
       amap.Set(**{name: [a, r, r, r]})
     return p
 
+  @classmethod
+  def ForPlatform(cls, p, platform):
+    """'auto' dispatch -> AutoDispatchImpl(platform): the one place it is
+    resolved (the trainer, spmd_check and a layer built directly all come
+    here through base_layer.ResolveParams / __init__)."""
+    if p.dispatch_impl != 'auto':
+      return []
+    p.dispatch_impl = AutoDispatchImpl(platform)
+    return ['dispatch_impl']
+
+  @classmethod
+  def ForInference(cls, p):
+    """Decoding routes each token alone (GShard App. A.1 decodes on the
+    training cluster): groups of one token (`group_size=1`), so each of a
+    token's k choices, all different experts, has a slot of its own
+    (C >= 1 = S) and no token is dropped; Algorithm 2's einsum dispatch,
+    which takes any number of groups on any mesh. A token is then routed
+    as in the full forward pass whatever its batch, beam layout or step;
+    costs grow as E * tokens, fine for decoding's few tokens per step."""
+    p.Set(num_groups=None, group_size=1, expert_capacity=None,
+          dispatch_impl='einsum')
+    return ['num_groups', 'group_size', 'expert_capacity', 'dispatch_impl']
+
   def CheckExpertsPerToken(self):
     """For top-k layers: `num_experts_per_token` must be in [1, E]."""
     p = self.params
@@ -187,8 +189,10 @@ class MoEBase(base_layer.BaseLayer):
       raise ValueError(f'{p.name}: set exactly one of num_groups and '
                        f'group_size, got {p.num_groups}, {p.group_size}')
     self.CheckOneOf('dispatch_impl', DISPATCH_IMPLS)
-    self.dispatch_impl = (AutoDispatchImpl(LocalPlatform())
-                          if p.dispatch_impl == 'auto' else p.dispatch_impl)
+    # Built directly (params not resolved by ResolveParams): this host's.
+    resolved = p.Copy()
+    type(self).ForPlatform(resolved, platform_lib.Platform())
+    self.dispatch_impl = resolved.dispatch_impl
     if not 0.0 <= p.dropout_rate < 1.0:
       raise ValueError(f'{p.name}: dropout_rate must be in [0, 1)')
     self._act = linear.Activation(p.activation)
@@ -406,6 +410,17 @@ class MoELayer(MoEBase):
     self.CheckOneOf('second_expert_policy', gating.SECOND_EXPERT_POLICIES)
     self.CreateVariable('wg', base_layer.WeightParams(
         [p.input_dim, p.num_experts]))
+
+  @classmethod
+  def ForInference(cls, p):
+    """As MoEBase, and a `random` / `sampling` second-expert policy becomes
+    `all`: every token keeps its top-2 experts, as noisy gating drops its
+    noise at inference. Their draws are keyed by the token's index in the
+    batch (routing_rng), so a sentence would otherwise translate
+    differently with other batch neighbours, padding or beam layout."""
+    keys = super().ForInference(p)
+    p.second_expert_policy = 'all'
+    return keys + ['second_expert_policy']
 
   def _TopK(self):
     return 2

@@ -42,6 +42,7 @@ from lingshard.decoding import beam_search
 from lingshard.decoding import flat_beam_search
 from lingshard.decoding import greedy
 from lingshard.layers import attention
+from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import embedding
 from lingshard.layers import position
@@ -397,11 +398,8 @@ class TransformerMTModel(base_model.BaseTask):
     with other batch neighbours, padding or beam layout (decode vs export).
     """
     p = super().InferenceParams(task_params)
-    if p.moe_tpl is not None:
-      p.moe_tpl.Set(num_groups=None, group_size=1, expert_capacity=None,
-                    dispatch_impl='einsum')
-      if 'second_expert_policy' in p.moe_tpl:
-        p.moe_tpl.second_expert_policy = 'all'
+    # Each layer class says what it changes (MoEBase / MoELayer.ForInference).
+    base_layer.ResolveParams(p, inference=True)
     return p
 
   def CreateDecoder(self, input_generator, train_input_generator=None):

@@ -43,7 +43,7 @@ from lingshard import base_input
 from lingshard import config_check
 from lingshard import model_registry
 from lingshard import sharding
-from lingshard.layers import moe
+from lingshard.layers import base_layer
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import expect as expect_lib
 from lingshard.spmd import layer_task
@@ -399,7 +399,7 @@ def CheckModel(model_key, mesh_shape, *, dataset='Train', step=0,
   params = model_registry.GetParams(model_key, dataset)
   params.task = _WithMesh(params.task, mesh_shape)
   # The partitioned program proves the TPU job: its 'auto' MoE dispatch.
-  moe.ResolveDispatch(params.task, 'tpu')
+  base_layer.ResolveParams(params.task, platform='tpu')
   config_check.Validate(params)
   model = params.Instantiate()
   batch = FirstBatch(model.GetInput())

@@ -62,15 +62,6 @@ def DefaultJit(kind, jit_flag):
   return kind == 'tpu' if jit_flag is None else bool(jit_flag)
 
 
-def Platform(kind):
-  """The device platform a --strategy runs on: 'tpu', or 'gpu' / 'cpu' by
-  the physical devices (listing them does not initialise TensorFlow's
-  logical devices, which ConfigureCpuDevices may still set)."""
-  if kind == 'tpu':
-    return 'tpu'
-  return 'gpu' if tf.config.list_physical_devices('GPU') else 'cpu'
-
-
 def ConfigureCpuDevices(n):
   """Splits the host CPU into `n` logical devices (before TF initialises)."""
   if n <= 1:

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from lingshard import sharding
+from lingshard.layers import base_layer
 from lingshard.layers import moe
 from lingshard.layers import moe_dispatch
 
@@ -314,18 +315,18 @@ def test_resolve_dispatch_sets_every_auto_in_a_params_tree():
   for platform, impl in (('cpu', 'gather'), ('tpu', 'einsum')):
     p = model_registry.GetParams('m4.TinyMoE', 'Train')
     assert p.task.moe_tpl.dispatch_impl == 'auto'
-    keys = moe.ResolveDispatch(p, platform)
+    keys = base_layer.ResolveParams(p, platform=platform)
     assert keys == ['task.moe_tpl.dispatch_impl']
     assert p.task.moe_tpl.dispatch_impl == impl
     task = p.task.Instantiate()
     impls = {layer.dispatch_impl for layer in task.AllLayers()
              if isinstance(layer, moe.MoEBase)}
     assert impls == {impl}
-    assert moe.ResolveDispatch(p, platform) == []  # Nothing 'auto' left.
+    assert base_layer.ResolveParams(p, platform=platform) == []  # None left.
   # An explicit choice is kept.
   p = model_registry.GetParams('m4.TinyMoE', 'Train')
   p.task.moe_tpl.dispatch_impl = 'einsum'
-  assert moe.ResolveDispatch(p, 'cpu') == []
+  assert base_layer.ResolveParams(p, platform='cpu') == []
   assert p.task.moe_tpl.dispatch_impl == 'einsum'
 
 
@@ -359,3 +360,25 @@ def test_bfloat16_experts_match_float32_within_tolerance(impl):
   assert 0 < RelErr(y16, y32) < 2e-2
   for a, b in zip(g16, g32):
     assert RelErr(a, b) < 3e-2
+
+
+def test_inference_hooks_set_decoding_routing_through_the_visitor():
+  from lingshard import model_registry  # pylint: disable=g-import-not-at-top
+  from lingshard.models import mt_model  # pylint: disable=g-import-not-at-top
+  task_p = model_registry.GetParams('m4.TinyMoE', 'Train').task
+  assert task_p.moe_tpl.second_expert_policy == 'random'
+  p = mt_model.TransformerMTModel.InferenceParams(task_p)
+  # GShard App. A.1: one-token groups, no drops, any mesh; top-2 kept.
+  assert (p.moe_tpl.num_groups, p.moe_tpl.group_size,
+          p.moe_tpl.expert_capacity, p.moe_tpl.dispatch_impl,
+          p.moe_tpl.second_expert_policy) == (None, 1, None, 'einsum', 'all')
+  assert p.is_inference and not task_p.is_inference  # A copy.
+  assert task_p.moe_tpl.group_size is None
+  # The visitor reports what each class hook set.
+  q = task_p.Copy()
+  assert base_layer.ResolveParams(q, inference=True) == [
+      'moe_tpl.num_groups', 'moe_tpl.group_size', 'moe_tpl.expert_capacity',
+      'moe_tpl.dispatch_impl', 'moe_tpl.second_expert_policy']
+  # A dense model has nothing to change.
+  dense = model_registry.GetParams('m4.TinyDense', 'Train').task
+  assert base_layer.ResolveParams(dense, inference=True) == []

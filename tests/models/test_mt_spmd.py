@@ -4,7 +4,7 @@ same loss and gradients as one device, MoE dispatch/combine as all-to-alls."""
 import pytest
 
 from lingshard import model_registry
-from lingshard.layers import moe
+from lingshard.layers import base_layer
 from tests.models import mt_testlib
 
 check = pytest.importorskip('lingshard.spmd.check')
@@ -14,7 +14,8 @@ def test_tiny_moe_on_eight_devices_matches_one_device():
   params = model_registry.GetParams('m4.TinyMoE', 'Train')
   # The program a TPU job runs: 'auto' dispatch is Algorithm 2's einsums
   # (the gather dispatch's partitioning: tests/spmd/test_moe_partitioning).
-  assert moe.ResolveDispatch(params, 'tpu') == ['task.moe_tpl.dispatch_impl']
+  assert base_layer.ResolveParams(params, platform='tpu') == [
+      'task.moe_tpl.dispatch_impl']
   task = params.task.Instantiate()
   assert task.params.device_mesh.shape == (8,)
   batch = mt_testlib.SyntheticBatch(task.params, batch_size=8, src_len=8,
