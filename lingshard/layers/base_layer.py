@@ -339,12 +339,34 @@ class BaseLayer(tf.Module):
   def _CreateOwnVariables(self):
     created = {}
     for name, wp in sorted(self._weight_params.items()):
-      path = f'{self.path}/{name}'
-      value = _InitialValue(wp, StableSeed(self._params.random_seed, path)
-                            if wp.init.seed is None else wp.init.seed)
-      created[name] = tf.Variable(value, name=path, trainable=wp.trainable)
+      created[name] = tf.Variable(self.InitialWeightValue(name, wp),
+                                  name=f'{self.path}/{name}',
+                                  trainable=wp.trainable)
     self.__dict__['_vars'] = None
     self._vars = created  # tf.Module tracks the dict (checkpoints).
+
+  # ------------------------------------------- weight hooks (public, stable)
+  def InitialWeightValue(self, name, wp):
+    """Hook: the initial tensor of own weight `name` (resolved
+    WeightParams `wp`). Default: `wp.init` by stateless RNG seeded by
+    (random_seed, weight path) unless the init fixes a seed. A layer whose
+    variables stack several layers' weights (pipeline_weights) overrides
+    it to initialise each slice as its own layer."""
+    return InitialValue(wp, self.WeightSeed(f'{self.path}/{name}', wp))
+
+  def WeightSeed(self, path, wp):
+    """The initialisation seed of the weight at `path`: the init's own
+    seed, else one derived from (random_seed, path)."""
+    if wp.init.seed is not None:
+      return wp.init.seed
+    return StableSeed(self._params.random_seed, path)
+
+  def PackOwnWeights(self, own):
+    """Hook: how theta (and vars, DeclaredWeights) hold this layer's own
+    weights, given `own` = {weight name: leaf}. Default: a NestedMap by
+    name. A layer whose variables are its body's weights stacked (the
+    pipeline) packs them in the body's theta structure instead."""
+    return NestedMap({name: own[name] for name in sorted(own)})
 
   @property
   def vars(self):
@@ -368,9 +390,8 @@ class BaseLayer(tf.Module):
     return super().trainable_variables
 
   def _ThetaLike(self, leaf_fn):
-    out = NestedMap()
-    for name in sorted(self._weight_params):
-      out[name] = leaf_fn(self, name)
+    out = self.PackOwnWeights({name: leaf_fn(self, name)
+                               for name in self._weight_params})
     for name, c in self._ChildItems():
       if isinstance(c, BaseLayer):
         out[name] = c._ThetaLike(leaf_fn)
@@ -454,7 +475,7 @@ def _SnakeCase(name):
   return re.sub(r'(?<!^)(?=[A-Z])', '_', name).lower()
 
 
-def _InitialValue(wp, seed):
+def InitialValue(wp, seed):
   """Initial tensor of a weight from its WeightInit, by stateless RNG."""
   init = wp.init
   shape = [int(d) for d in wp.shape]

@@ -1,0 +1,75 @@
+"""Re-materialisation of a pipeline iteration's stages (GPipe §2.3).
+
+`RematStages(run_stages, stages_vjp, elems, consts, token, num_theta)` runs
+every stage of one iteration as one `tf.custom_gradient` function: only its
+inputs (theta leaves and the stage-boundary states) are kept, and its
+gradient recomputes each stage's forward and differentiates it per stage
+(`stages_vjp`), behind an XLA optimization barrier so XLA does not merge the
+recomputation into the forward pass.
+
+`token` is a zero scalar computed from the previous iteration's output.
+Its gradient is made from this iteration's recomputed gradients, so
+backprop runs the iterations one after another: each recomputation starts
+only once the later iteration's is done, and at most one iteration's
+activations are alive (with K = 1 nothing else orders them: every
+micro-batch's cotangent is ready at once).
+
+XLA:CPU workarounds: XLA:CPU drops optimization barriers before CSE, so a
+zero that depends on the cotangent (`OpaqueZero`) keeps the recomputation
+distinct from the forward pass and after it.
+"""
+
+import tensorflow as tf
+from tensorflow.compiler.tf2xla.python import xla
+
+
+def OpaqueZero(t):
+  """A float32 zero computed from `t` that XLA cannot fold to a constant
+  (min(|sum t|, 0); x * 0 could be simplified away): a data dependency."""
+  return tf.minimum(tf.abs(tf.reduce_sum(tf.cast(t, tf.float32))), 0.0)
+
+
+def OptimizationBarrier(tensors):
+  """XLA optimization barrier: the recomputation is not merged into the
+  forward pass (which would keep its activations)."""
+  return list(xla.optimization_barrier(*tensors))
+
+
+def RematStages(run_stages, stages_vjp, elems, consts, token, num_theta):
+  """The stages' outputs, recomputed in backprop.
+
+  Args:
+    run_stages: fn(list of tensors) -> list of outputs (every stage).
+    stages_vjp: fn(inputs, output cotangents) -> per input its gradient
+      (None for non-float inputs), recomputing the forward.
+    elems: differentiable inputs: theta leaves, then the states.
+    consts: non-differentiable inputs appended after elems.
+    token: the ordering zero (see the module docstring).
+    num_theta: how many of `elems` are theta leaves (the first state
+      follows them and carries the cotangent dependency).
+  """
+
+  @tf.custom_gradient
+  def Stages(*args_and_token):
+    args, token_in = list(args_and_token[:-1]), args_and_token[-1]
+    outs = run_stages(args + consts)
+
+    def Grad(*dys):
+      dys = [tf.zeros_like(o) if d is None else d
+             for o, d in zip(outs, dys)] + [token_in]
+      # The barrier ties the recomputation's inputs to the incoming
+      # cotangents: XLA can neither merge it into the forward pass nor
+      # schedule it before this iteration's backward pass is due (which
+      # would keep every iteration's activations alive again).
+      both = OptimizationBarrier(args + consts + dys)
+      n = len(args) + len(consts)
+      ins, dys = both[:n], both[n:-1]
+      x = ins[num_theta]
+      ins[num_theta] = x + tf.cast(OpaqueZero(dys[0]), x.dtype)
+      grads = stages_vjp(ins, dys)[:len(args)]
+      d_token = OpaqueZero(grads[0])  # Orders the iterations.
+      return grads + [tf.cast(d_token, token_in.dtype)]
+
+    return outs, Grad
+
+  return Stages(*elems, token)
