@@ -29,7 +29,7 @@ setuptools.setup(
         # The SPMD checker uses jaxlib as the standalone XLA partitioner and
         # runtime; lingshard/spmd/xla_runtime.py checks this exact version.
         # matplotlib draws the benchmark scripts' plots and the evidence
-        # page's (scripts/reproduce.py).
+        # page's (python -m lingshard.experiments).
         'spmd': ['jax==0.10.2', 'jaxlib==0.10.2', 'matplotlib>=3.8,<4'],
     },
     entry_points={},

@@ -300,7 +300,7 @@ class TinyDense(TinyCorpus):
     return TinyTrain(p)
 
 
-# Variants of TinyMoE for the evidence page (scripts/reproduce.py): the
+# Variants of TinyMoE for the evidence page (python -m lingshard.experiments): the
 # same experts (hidden 256, top-2) in every arm, so matmul FLOPs per token
 # differ from TinyMoE's only by the gate's M * E; 8 groups of a batch's
 # tokens in every arm (one group size, one capacity rule).

@@ -1,33 +1,18 @@
-"""scripts/reproduce.py's page rules: claims only beyond the seed spread,
+"""The evidence page's rules (lingshard.experiments): claims only beyond the seed spread,
 commands shown as they paste back into a shell. (Its README command, a
-quick capacity experiment, runs in tests/test_readme_commands.py.)"""
+quick capacity experiment, runs in tests/test_readme_reproduce.py.)"""
 
-import importlib.util
-import os
 import shlex
 import sys
 
 import pytest
 
-from tests.trainer import trainer_testlib
-
-SCRIPTS = os.path.join(trainer_testlib.REPO, 'scripts')
-
-
-def _Module(name):
-  sys.path.insert(0, SCRIPTS)
-  try:
-    spec = importlib.util.spec_from_file_location(
-        name, os.path.join(SCRIPTS, f'{name}.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-  finally:
-    sys.path.remove(SCRIPTS)
-  return module
+from lingshard.experiments import page_parts
+from lingshard.experiments import runs as runs_lib
 
 
 def test_claims_only_beyond_the_seed_spread():
-  page = _Module('reproduce_page')
+  page = page_parts
   assert 'no difference beyond the seed spread' in page.Verdict(
       [3.0, 3.2, 3.1], [3.15, 3.35, 3.25], False, 'moe', 'dense', 'x')
   better = page.Verdict([3.0, 3.02, 3.01], [3.2, 3.22, 3.21], False, 'moe',
@@ -45,7 +30,7 @@ def test_claims_only_beyond_the_seed_spread():
 
 
 def test_shown_commands_paste_back_into_a_shell():
-  runs = _Module('reproduce_runs')
+  runs = runs_lib
   argv = [sys.executable, '-m', 'lingshard.trainer', '--model=m4.TinyMoE',
           "--params_override=input.file_pattern='d/train.tsv';a.b=1",
           '--x=has "double" quotes', 'plain']
@@ -56,7 +41,7 @@ def test_shown_commands_paste_back_into_a_shell():
 
 
 def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
-  runs = _Module('reproduce_runs')
+  runs = runs_lib
   run = runs.Run('cc_E8_s1', 'm4.TinyMoE', 1, [10], 'input.seed=1001')
   stored = dict(name=run.name, spec=run.Spec(), spec_hash=run.SpecHash(),
                 curve=[],

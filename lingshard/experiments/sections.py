@@ -1,182 +1,50 @@
-"""Renders docs/RESULTS.md and its plots from docs/results/<experiment>.json
-(written by scripts/reproduce.py). Every number comes from those files;
-the verdict sentences are computed, with one rule: a difference is claimed
-only when it exceeds the seed spread (|mean_a - mean_b| > sd_a + sd_b; with
-one seed on a side, that side borrows the other side's sd; with one seed on
-both sides no claim is made)."""
+"""The evidence page's sections (docs/RESULTS.md), one renderer per
+experiment: `Name(result, res_dir, ...) -> (markdown lines, PNG paths)`.
+Every number comes from the experiment's JSON; the verdict sentences are
+computed with the claim rule of page_parts; facts about the configs are
+read from their registered params."""
 
-import json
 import os
 
 import numpy as np
 
-import reproduce_plots
-
-SPLITS = ('dev_unseen_en', 'dev_seen_en')
-THIRDS = ('high', 'mid', 'low')
-
-
-def _Load(res_dir, name):
-  path = os.path.join(res_dir, f'{name}.json')
-  if not os.path.exists(path):
-    return None
-  with open(path, encoding='utf-8') as f:
-    return json.load(f)
+from lingshard import model_registry
+from lingshard.experiments import page_parts as pp
+from lingshard.experiments import plots
+from lingshard.tools import count_params
 
 
-def MeanSd(values):
-  v = [x for x in values if x is not None]
-  if not v:
-    return None, None, 0
-  return (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else None,
-          len(v))
+def _Weights(model_key):
+  """'1.3M': a registered model's weights (count_params)."""
+  return f'{count_params.CountModel(model_key).total / 1e6:.1f}M'
 
 
-def Fmt(values, digits=2):
-  m, sd, n = MeanSd(values)
-  if m is None:
-    return 'n/a'
-  return f'{m:.{digits}f}' + (f' ± {sd:.{digits}f}' if sd is not None else '')
+def _Sci(x):
+  """0.002 -> '2e-3'."""
+  mantissa, exponent = f'{x:e}'.split('e')
+  return f'{mantissa.rstrip("0").rstrip(".")}e{int(exponent)}'
 
 
-def _Spread(a, b):
-  """(mean_a, mean_b, seed spread) under the page's rule; spread None when
-  a side is unmeasured or both have one seed."""
-  (ma, sa, _), (mb, sb, _) = MeanSd(a), MeanSd(b)
-  if ma is None or mb is None or (sa is None and sb is None):
-    return ma, mb, None
-  return ma, mb, (sa if sa is not None else sb) + (sb if sb is not None else sa)
-
-
-def Claim(a, b, higher_better):
-  """+1 when value list a is better than b beyond the seed spread, -1 when
-  b is, 0 when the page makes no claim."""
-  ma, mb, spread = _Spread(a, b)
-  if spread is None or abs(ma - mb) <= spread:
-    return 0
-  return 1 if (ma > mb) == higher_better else -1
-
-
-def Verdict(a, b, higher_better, a_name, b_name, what):
-  """One sentence comparing value lists a and b under the spread rule."""
-  ma, mb, spread = _Spread(a, b)
-  if ma is None or mb is None:
-    return f'{what}: not measured.'
-  if spread is None:
-    return (f'{what}: {a_name} {ma:.3f} vs {b_name} {mb:.3f} (one seed each: '
-            f'no claim).')
-  diff = ma - mb
-  better = a_name if Claim(a, b, higher_better) > 0 else b_name
-  if abs(diff) > spread:
-    return (f'{what}: **{better} is better** ({a_name} {ma:.3f} vs {b_name} '
-            f'{mb:.3f}; |Δ| {abs(diff):.3f} > seed spread {spread:.3f}).')
-  return (f'{what}: no difference beyond the seed spread ({a_name} {ma:.3f} '
-          f'vs {b_name} {mb:.3f}; |Δ| {abs(diff):.3f} ≤ {spread:.3f}).')
-
-
-def CurveAt(run, step):
-  for point in run['curve']:
-    if point['step'] == step:
-      return point.get('log_pplx')
-  return None
-
-
-def Score(run, split, step, key='chrf'):
-  s = run['scores'].get(split, {}).get(str(step))
-  return s['average'][key] if s else None
-
-
-def Thirds(data_dir):
-  """{language: 'high' | 'mid' | 'low'} by training examples (stats.tsv)."""
-  path = os.path.join(data_dir, 'stats.tsv')
-  if not os.path.exists(path):
-    return {}
-  with open(path, encoding='utf-8') as f:
-    rows = [line.rstrip('\n').split('\t') for line in f][1:]
-  rows = sorted(((r[0], int(r[1])) for r in rows if len(r) > 1),
-                key=lambda r: -r[1])
-  n = len(rows)
-  return {lang: THIRDS[min(2, 3 * i // max(n, 1))]
-          for i, (lang, _) in enumerate(rows)}
-
-
-def ThirdScore(run, split, step, thirds, third):
-  s = run['scores'].get(split, {}).get(str(step))
-  if not s:
-    return None
-  v = [x['chrf'] for lang, x in s['languages'].items()
-       if thirds.get(lang) == third and x['n'] > 0]
-  return float(np.mean(v)) if v else None
-
-
-def _Runs(result, prefix):
-  return [r for name, r in sorted(result['runs'].items())
-          if name.startswith(prefix + '_s')]
-
-
-def _BaseRuns(result):
-  """The m4.TinyMoE reference runs of depth / balance."""
-  return [result['runs'][n] for n in result['base']]
-
-
-def _Commands(result):
-  lines = ['<details><summary>Commands (every run: config key, seed, '
-           'overrides)</summary>', '', '```sh']
-  for key in ('bench', 'spmd', 'moe'):
-    if key in result and 'command' in result[key]:
-      lines.append(result[key]['command'])
-  if 'command' in result and 'runs' not in result:
-    lines.append(result['command'])
-  for name, run in sorted(result.get('runs', {}).items()):
-    origin = run.get('reused_from')
-    lines.append(f'# {name}' + (f' (reused from the {origin})'
-                                if origin else ''))
-    lines += run['commands']
-  lines += ['```', '', '</details>', '']
-  return lines
-
-
-def _Header(result):
-  return [f'*Produced by `{result["command"]}` ({result["mode"]} mode) at '
-          f'revision `{result["revision"]}` on {result["date"]} in '
-          f'{result["seconds"] / 60:.1f} min.*', '']
-
-
-def _Cell(text):
-  """A CSV cell for the page: integers with separators, other numbers to
-  4 significant digits, text as is."""
-  try:
-    x = float(text)
-  except ValueError:
-    return text
-  if x == int(x) and abs(x) < 1e15:
-    return f'{int(x):,}'
-  return f'{x:.4g}'
-
-
-def _CsvTable(csv):
-  return _Table(csv['header'], [[_Cell(c) for c in r] for r in csv['rows']])
-
-
-def _Table(head, rows):
-  out = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]
-  out += ['| ' + ' | '.join(str(c) for c in r) + ' |' for r in rows]
-  return out + ['']
-
+def _Schedule(model_key):
+  """'Adam 2e-3, 200 warmup steps': a registered model's training
+  schedule."""
+  tp = model_registry.GetParams(model_key, 'Train').task.train
+  return (f'{tp.optimizer.capitalize()} {_Sci(tp.learning_rate)}, '
+          f'{tp.warmup_steps} warmup steps')
 
 def _BestVsDense(runs, moe, step_of, label):
   """Verdict lines: the MoE arm with the best mean dev log-pplx at its
   step against dense, on log-pplx and chrF of both splits."""
   def Vals(arm, f):
     return [f(r, step_of(arm)) for r in runs[arm]]
-  best = min(moe, key=lambda a: MeanSd(Vals(a, CurveAt))[0] or 1e9)
+  best = min(moe, key=lambda a: pp.MeanSd(Vals(a, pp.CurveAt))[0] or 1e9)
   out = [f'- {label}, best MoE arm by dev log-pplx = {best}:',
-         '  - ' + Verdict(Vals(best, CurveAt), Vals('dense', CurveAt), False,
+         '  - ' + pp.Verdict(Vals(best, pp.CurveAt), Vals('dense', pp.CurveAt), False,
                           best, 'dense', 'dev log-pplx')]
-  for sp in SPLITS:
+  for sp in pp.SPLITS:
     def Chrf(r, s, sp=sp):
-      return Score(r, sp, s)
-    out.append('  - ' + Verdict(Vals(best, Chrf), Vals('dense', Chrf), True,
+      return pp.Score(r, sp, s)
+    out.append('  - ' + pp.Verdict(Vals(best, Chrf), Vals('dense', Chrf), True,
                                 best, 'dense', f'chrF {sp}'))
   return out
 
@@ -186,26 +54,26 @@ def _ConditionalReading(res, runs, names):
   section's own numbers, printed only when no MoE arm beats dense on dev
   log-pplx at equal wall-clock beyond the seed spread."""
   arms, steps = res['arms'], res['steps']
-  dense = [CurveAt(r, steps) for r in runs['dense']]
+  dense = [pp.CurveAt(r, steps) for r in runs['dense']]
   wins = []
   for a in names:
     if a == 'dense':
       continue
-    vals = [CurveAt(r, arms[a]['wall_steps']) for r in runs[a]]
-    if Claim(vals, dense, False) > 0:
+    vals = [pp.CurveAt(r, arms[a]['wall_steps']) for r in runs[a]]
+    if pp.Claim(vals, dense, False) > 0:
       wins.append(a)
   if wins:
     return [f'MoE arms better than dense on dev log-pplx at equal '
             f'wall-clock: {", ".join(wins)}.', '']
-  tokens = MeanSd([r['tgt_tokens_per_step'] for a in names
+  tokens = pp.MeanSd([r['tgt_tokens_per_step'] for a in names
                    for r in runs[a]])[0] or 0.0
   rows = []
   for a in names:
     if a == 'dense':
       continue
     e = int(a[1:])
-    d_step = (MeanSd([CurveAt(r, steps) for r in runs[a]])[0] -
-              MeanSd(dense)[0])
+    d_step = (pp.MeanSd([pp.CurveAt(r, steps) for r in runs[a]])[0] -
+              pp.MeanSd(dense)[0])
     rows.append(f'{a}: step time ×{arms[a]["ms_per_step"] / arms["dense"]["ms_per_step"]:.3f}'
                 f', Δ dev log-pplx at equal steps {d_step:+.3f}, each expert '
                 f'trained on ~{2 / e:.0%} of the tokens')
@@ -217,7 +85,8 @@ def _ConditionalReading(res, runs, names):
       'the dense model is capacity-bound: GShard trains on billions of '
       'pairs for hundreds of thousands of steps. Here the budget is '
       f'{steps} steps (~{steps * tokens:,.0f} target tokens, under one epoch '
-      'of the 143k-pair corpus) of small models (TinyDense: 1.3M weights), '
+      'of the 143k-pair corpus) of small models (TinyDense: '
+      f'{_Weights("m4.TinyDense")} weights), '
       'where extra expert '
       'weights have little to store yet and each expert sees only 2/E of '
       'the updates; and on CPU the gating, dispatch and larger optimizer '
@@ -232,7 +101,7 @@ def Conditional(res, res_dir, data_dir):
   names = list(arms)
   runs = {a: [res['runs'][n] for n in arms[a]['runs']] for a in names}
   lines = ['## 1. Conditional computation pays? (GShard Fig. 1/6, Shazeer '
-           'Fig. 2–3)', ''] + _Header(res)
+           'Fig. 2–3)', ''] + pp.Header(res)
   lines += ['`m4.TinyDense` against TinyMoE with E experts of the same size '
             '(hidden 256, top-2): matmul FLOPs per token differ only by the '
             "gate's M·E. Step times are the XLA-compiled train step "
@@ -249,7 +118,7 @@ def Conditional(res, res_dir, data_dir):
     rows.append([a, f'`{info["model"]}`', f'{info["ms_per_step"]:.1f}',
                  f'{info["ms_per_step"] / arms["dense"]["ms_per_step"]:.3f}',
                  info['wall_steps']])
-  lines += _Table(['arm', 'config key', 'ms/step (jit)', 'vs dense',
+  lines += pp.Table(['arm', 'config key', 'ms/step (jit)', 'vs dense',
                    'steps at equal wall-clock'], rows)
   verdicts = []
   for label, step_of in (('equal steps', lambda a: steps),
@@ -258,61 +127,61 @@ def Conditional(res, res_dir, data_dir):
     rows = []
     for a in names:
       st = step_of(a)
-      rows.append([a, st, Fmt([CurveAt(r, st) for r in runs[a]], 3)] + [
-          Fmt([Score(r, sp, st, k) for r in runs[a]])
-          for sp in SPLITS for k in ('chrf', 'bleu')])
+      rows.append([a, st, pp.Fmt([pp.CurveAt(r, st) for r in runs[a]], 3)] + [
+          pp.Fmt([pp.Score(r, sp, st, k) for r in runs[a]])
+          for sp in pp.SPLITS for k in ('chrf', 'bleu')])
     lines += [f'**At {label}** (dev log-perplexity per target token on '
               '`dev_unseen_en`; chrF / BLEU averaged over languages, mean ± '
               'sd over seeds):', '']
-    lines += _Table(['arm', 'steps', 'dev log-pplx', 'chrF unseen',
+    lines += pp.Table(['arm', 'steps', 'dev log-pplx', 'chrF unseen',
                      'BLEU unseen', 'chrF seen', 'BLEU seen'], rows)
     verdicts += _BestVsDense(runs, [a for a in names if a != 'dense'],
                              step_of, label)
   lines += ['**Verdict** (the spread rule at the top of this page):', '']
   lines += verdicts + ['']
   lines += _ConditionalReading(res, runs, names)
-  thirds = Thirds(data_dir)
+  thirds = pp.Thirds(data_dir)
   rows = []
-  for sp in SPLITS:
+  for sp in pp.SPLITS:
     for a in names:
       if a == 'dense':
         continue
       cells = []
-      for t in THIRDS:
-        d = MeanSd([ThirdScore(r, sp, steps, thirds, t) for r in runs['dense']])[0]
-        v = [ThirdScore(r, sp, steps, thirds, t) for r in runs[a]]
-        cells.append(Fmt([x - d for x in v if x is not None and d is not None]))
+      for t in pp.THIRDS:
+        d = pp.MeanSd([pp.ThirdScore(r, sp, steps, thirds, t) for r in runs['dense']])[0]
+        v = [pp.ThirdScore(r, sp, steps, thirds, t) for r in runs[a]]
+        cells.append(pp.Fmt([x - d for x in v if x is not None and d is not None]))
       rows.append([sp, a] + cells)
   lines += ['**Δ chrF vs dense by resource third** (GShard Fig. 6 style; '
             'languages ranked by training examples in `stats.tsv` and cut '
             'into thirds; per-language chrF averaged within a third; equal '
             'steps):', '']
-  lines += _Table(['split', 'arm', 'high', 'mid', 'low'], rows)
-  png = reproduce_plots.Curves(
+  lines += pp.Table(['split', 'arm', 'high', 'mid', 'low'], rows)
+  png = plots.Curves(
       os.path.join(res_dir, 'conditional_curves.png'),
       {a: [r['curve'] for r in runs[a]] for a in names},
       'dev log-pplx (dev_unseen_en) vs steps, mean ± sd over seeds')
-  png2 = reproduce_plots.ResourceBars(
+  png2 = plots.ResourceBars(
       os.path.join(res_dir, 'conditional_resource.png'),
-      {(sp, a): [MeanSd([ThirdScore(r, sp, steps, thirds, t)
+      {(sp, a): [pp.MeanSd([pp.ThirdScore(r, sp, steps, thirds, t)
                          for r in runs[a]])[0] -
-                 (MeanSd([ThirdScore(r, sp, steps, thirds, t)
+                 (pp.MeanSd([pp.ThirdScore(r, sp, steps, thirds, t)
                           for r in runs['dense']])[0] or 0.0)
-                 for t in THIRDS]
-       for sp in SPLITS for a in names if a != 'dense'
-       if all(MeanSd([ThirdScore(r, sp, steps, thirds, t)
-                      for r in runs[a]])[0] is not None for t in THIRDS)},
-      THIRDS)
+                 for t in pp.THIRDS]
+       for sp in pp.SPLITS for a in names if a != 'dense'
+       if all(pp.MeanSd([pp.ThirdScore(r, sp, steps, thirds, t)
+                      for r in runs[a]])[0] is not None for t in pp.THIRDS)},
+      pp.THIRDS)
   lines += [f'![dev curves](results/{os.path.basename(png)})', '',
             f'![delta chrF by resource](results/{os.path.basename(png2)})', '']
-  return lines + _Commands(res), [png, png2]
+  return lines + pp.Commands(res), [png, png2]
 
 
 def Depth(res, res_dir):
   steps = res['steps']
-  shallow, deep = _BaseRuns(res), _Runs(res, 'deep')
-  lines = ['## 2. Depth (GShard Table 2 / §4.4)', ''] + _Header(res)
-  threshold = MeanSd([CurveAt(r, steps) for r in shallow])[0]
+  shallow, deep = pp.BaseRuns(res), pp.Runs(res, 'deep')
+  lines = ['## 2. Depth (GShard Table 2 / §4.4)', ''] + pp.Header(res)
+  threshold = pp.MeanSd([pp.CurveAt(r, steps) for r in shallow])[0]
   reach = []
   for r in deep:
     prev = None
@@ -325,40 +194,40 @@ def Depth(res, res_dir):
         reach.append(p['step'])
         break
       prev = p
-  tok = MeanSd([r['tgt_tokens_per_step'] for r in shallow + deep])[0] or 0
+  tok = pp.MeanSd([r['tgt_tokens_per_step'] for r in shallow + deep])[0] or 0
   rows = []
   for arm, rs in (('2+2 `m4.TinyMoE`', shallow), ('6+6 `m4.TinyMoE12L`', deep)):
-    rows.append([arm, len(rs), Fmt([CurveAt(r, steps) for r in rs], 3),
-                 Fmt([Score(r, SPLITS[0], steps) for r in rs]),
-                 Fmt([Score(r, SPLITS[1], steps) for r in rs])])
+    rows.append([arm, len(rs), pp.Fmt([pp.CurveAt(r, steps) for r in rs], 3),
+                 pp.Fmt([pp.Score(r, pp.SPLITS[0], steps) for r in rs]),
+                 pp.Fmt([pp.Score(r, pp.SPLITS[1], steps) for r in rs])])
   lines += [f'E = 8 experts per MoE layer, {steps} steps (~{tok:.0f} target '
             'tokens per step). Threshold = the 2+2 arm\'s mean final dev '
             f'log-pplx ({threshold:.3f}).' if threshold else '', '']
-  lines += _Table(['model', 'seeds', f'dev log-pplx @ {steps}',
+  lines += pp.Table(['model', 'seeds', f'dev log-pplx @ {steps}',
                    'chrF unseen', 'chrF seen'], rows)
   if reach:
-    lines += [f'6+6 reaches the threshold after {Fmt(reach, 0)} steps '
-              f'(~{MeanSd(reach)[0] * tok:,.0f} target tokens) vs {steps} for '
+    lines += [f'6+6 reaches the threshold after {pp.Fmt(reach, 0)} steps '
+              f'(~{pp.MeanSd(reach)[0] * tok:,.0f} target tokens) vs {steps} for '
               '2+2.', '']
   else:
     lines += ['6+6 does not reach the threshold within the budget.', '']
-  deep_v, shallow_v = ([CurveAt(r, steps) for r in rs]
+  deep_v, shallow_v = ([pp.CurveAt(r, steps) for r in rs]
                        for rs in (deep, shallow))
-  lines += ['- ' + Verdict(deep_v, shallow_v, False, '6+6', '2+2',
+  lines += ['- ' + pp.Verdict(deep_v, shallow_v, False, '6+6', '2+2',
                            'dev log-pplx at equal steps'), '']
-  if Claim(deep_v, shallow_v, False) <= 0:
+  if pp.Claim(deep_v, shallow_v, False) <= 0:
     lines += _DepthReading(shallow, deep, _StepRatio(res_dir))
-  png = reproduce_plots.Curves(
+  png = plots.Curves(
       os.path.join(res_dir, 'depth_curves.png'),
       {'2+2': [r['curve'] for r in shallow], '6+6': [r['curve'] for r in deep]},
       'dev log-pplx vs steps: depth')
   lines += [f'![depth](results/{os.path.basename(png)})', '']
-  return lines + _Commands(res), [png]
+  return lines + pp.Commands(res), [png]
 
 
 def _StepRatio(res_dir):
   """6+6 over 2+2 step time from the conditional experiment's benchmark."""
-  cond = _Load(res_dir, 'conditional')
+  cond = pp.Load(res_dir, 'conditional')
   ms = cond['bench']['ms_per_step'] if cond else {}
   if 'TinyMoE12L' in ms and 'TinyMoE' in ms:
     return ms['TinyMoE12L'] / ms['TinyMoE']
@@ -370,7 +239,7 @@ def _Drop(rs):
   falls = [(r['curve'][-2]['log_pplx'] - r['curve'][-1]['log_pplx']) * 100 /
            (r['curve'][-1]['step'] - r['curve'][-2]['step'])
            for r in rs if len(r['curve']) > 1]
-  return MeanSd(falls)[0]
+  return pp.MeanSd(falls)[0]
 
 
 def _DepthReading(shallow, deep, ratio):
@@ -391,8 +260,9 @@ def _DepthReading(shallow, deep, ratio):
       'table) finds 36 layers better than 12 at every expert count (e.g. '
       '128E: 39.0 vs 36.7 average BLEU) after training on billions of '
       'pairs. Here 6+6 is not better at equal steps: ' + cost + falls +
-      'a deeper stack with the same learning-rate schedule (Adam 2e-3, 200 '
-      'warmup steps) optimizes more slowly early on, and its extra capacity '
+      'a deeper stack with the same learning-rate schedule '
+      f'({_Schedule("m4.TinyMoE12L")}) optimizes more slowly early on, and '
+      'its extra capacity '
       'pays only once the shallower model is capacity-bound, which section '
       '1 shows these runs are not (the FLOP-matched dense twin matches the '
       'MoE arms). The 6+6 arm has one seed; its difference is read against '
@@ -406,63 +276,63 @@ ROUTING_COLS = (('cv_importance', 'CV(importance)'), ('cv_load', 'CV(load)'),
 
 
 def _RoutingRow(rs):
-  return [Fmt([r['routing'].get(k) for r in rs], 3) for k, _ in ROUTING_COLS]
+  return [pp.Fmt([r['routing'].get(k) for r in rs], 3) for k, _ in ROUTING_COLS]
 
 
 def Balance(res, res_dir):
   steps = res['steps']
-  arms = (('aux 0.01 (`m4.TinyMoE`)', _BaseRuns(res)),
-          ('aux 0 (`aux_loss_weight=0.0`)', _Runs(res, 'noaux')))
+  arms = (('aux 0.01 (`m4.TinyMoE`)', pp.BaseRuns(res)),
+          ('aux 0 (`aux_loss_weight=0.0`)', pp.Runs(res, 'noaux')))
   lines = ['## 3. Load balancing (Shazeer Table 6, GShard §2.2)', '']
-  lines += _Header(res)
+  lines += pp.Header(res)
   lines += ['Routing metrics of the training batches (mean over the last '
             'quarter of training and over the MoE layers; dropped = wanted '
             'but over capacity, by first / second choice), dev quality at '
             f'{steps} steps.', '']
   rows = [[name, len(rs)] + _RoutingRow(rs) + [
-      Fmt([CurveAt(r, steps) for r in rs], 3),
-      Fmt([Score(r, SPLITS[0], steps) for r in rs])] for name, rs in arms]
-  lines += _Table(['GShard top-2', 'seeds'] + [c for _, c in ROUTING_COLS] +
+      pp.Fmt([pp.CurveAt(r, steps) for r in rs], 3),
+      pp.Fmt([pp.Score(r, pp.SPLITS[0], steps) for r in rs])] for name, rs in arms]
+  lines += pp.Table(['GShard top-2', 'seeds'] + [c for _, c in ROUTING_COLS] +
                   ['dev log-pplx', 'chrF unseen'], rows)
-  noaux_v, aux_v = ([CurveAt(r, steps) for r in rs]
+  noaux_v, aux_v = ([pp.CurveAt(r, steps) for r in rs]
                     for rs in (arms[1][1], arms[0][1]))
-  lines += ['- ' + Verdict([r['routing'].get('cv_load') for r in arms[1][1]],
+  lines += ['- ' + pp.Verdict([r['routing'].get('cv_load') for r in arms[1][1]],
                            [r['routing'].get('cv_load') for r in arms[0][1]],
                            False, 'aux 0', 'aux 0.01', 'CV(load)'),
-            '- ' + Verdict(noaux_v, aux_v, False, 'aux 0', 'aux 0.01',
+            '- ' + pp.Verdict(noaux_v, aux_v, False, 'aux 0', 'aux 0.01',
                            'dev log-pplx'), '']
-  lm = (('w_importance = w_load = 0.1 (`lm1b.TinyMoE`)', _Runs(res, 'lm_moe')),
-        ('no balancing losses', _Runs(res, 'lm_noloss')))
+  lm = (('w_importance = w_load = 0.1 (`lm1b.TinyMoE`)', pp.Runs(res, 'lm_moe')),
+        ('no balancing losses', pp.Runs(res, 'lm_noloss')))
   lm_steps = res['lm_steps']
-  rows = [[name, len(rs)] + [Fmt([r['routing'].get(k) for r in rs], 3)
+  rows = [[name, len(rs)] + [pp.Fmt([r['routing'].get(k) for r in rs], 3)
                              for k in ('cv_importance', 'cv_load',
                                        'max_over_mean_load')] +
-          [Fmt([CurveAt(r, lm_steps) for r in rs], 3)] for name, rs in lm]
+          [pp.Fmt([pp.CurveAt(r, lm_steps) for r in rs], 3)] for name, rs in lm]
   lines += [f'Noisy top-4 MoE LM (Shazeer eqs. 6–11), {lm_steps} steps:', '']
-  lines += _Table(['lm1b.TinyMoE', 'seeds', 'CV(importance)', 'CV(load)',
+  lines += pp.Table(['lm1b.TinyMoE', 'seeds', 'CV(importance)', 'CV(load)',
                    'max/mean load', 'dev log-pplx'], rows)
-  if Claim(aux_v, noaux_v, False) <= 0:
+  if pp.Claim(aux_v, noaux_v, False) <= 0:
     lines += _BalanceReading(arms, lm, lm_steps)
-  png = reproduce_plots.Bars(
+  png = plots.Bars(
       os.path.join(res_dir, 'balance.png'),
       [name.split(' (')[0] for name, _ in arms] +
       ['LM losses 0.1', 'LM no losses'],
-      {c: [MeanSd([r['routing'].get(k) for r in rs])[0] or 0.0
+      {c: [pp.MeanSd([r['routing'].get(k) for r in rs])[0] or 0.0
            for _, rs in arms + lm]
        for k, c in ROUTING_COLS[:3]}, 'routing balance')
   lines += [f'![balance](results/{os.path.basename(png)})', '']
-  return lines + _Commands(res), [png]
+  return lines + pp.Commands(res), [png]
 
 
 def _BalanceReading(arms, lm, lm_steps):
   """Why balancing does not show in quality here (printed only when the
   aux-loss arm is not better on dev log-pplx)."""
   def M(rs, key):
-    return MeanSd([r['routing'].get(key) for r in rs])[0] or 0.0
+    return pp.MeanSd([r['routing'].get(key) for r in rs])[0] or 0.0
   aux, noaux = arms[0][1], arms[1][1]
   lm_on, lm_off = lm[0][1], lm[1][1]
-  d_lm = (MeanSd([CurveAt(r, lm_steps) for r in lm_off])[0] or 0.0) - (
-      MeanSd([CurveAt(r, lm_steps) for r in lm_on])[0] or 0.0)
+  d_lm = (pp.MeanSd([pp.CurveAt(r, lm_steps) for r in lm_off])[0] or 0.0) - (
+      pp.MeanSd([pp.CurveAt(r, lm_steps) for r in lm_on])[0] or 0.0)
   return [
       '**Why the laptop analogue differs (our reading).** The losses do '
       'what the papers built them for: without them routing collapses '
@@ -489,7 +359,7 @@ def Capacity(res, res_dir):
   steps = res['steps']
   ms = res['bench']['ms_per_step']
   lines = ['## 4. Capacity and random routing (GShard §2.2)', '']
-  lines += _Header(res)
+  lines += pp.Header(res)
   lines += ['`m4.TinyMoE` with `task.moe_tpl.capacity_factor` × '
             '`second_expert_policy`; step time in TF graph mode, interleaved '
             'with m4.TinyDense by `scripts/bench_step.py`.', '']
@@ -497,16 +367,16 @@ def Capacity(res, res_dir):
   for cf in res['capacity_factors']:
     for policy in res['policies']:
       name = f'cf{cf:g}_{policy}'
-      rs = _Runs(res, f'cap_{name}')
-      first = MeanSd([r['routing'].get('over_capacity_first') for r in rs])[0]
-      second = MeanSd([r['routing'].get('over_capacity_second') for r in rs])[0]
-      lp = MeanSd([CurveAt(r, steps) for r in rs])[0]
+      rs = pp.Runs(res, f'cap_{name}')
+      first = pp.MeanSd([r['routing'].get('over_capacity_first') for r in rs])[0]
+      second = pp.MeanSd([r['routing'].get('over_capacity_second') for r in rs])[0]
+      lp = pp.MeanSd([pp.CurveAt(r, steps) for r in rs])[0]
       ratio = ms.get(name, float('nan')) / ms.get('TinyDense', float('nan'))
-      rows.append([cf, policy, len(rs), Fmt([first], 3), Fmt([second], 3),
-                   Fmt([lp], 3), f'{ms.get(name, float("nan")):.1f}',
+      rows.append([cf, policy, len(rs), pp.Fmt([first], 3), pp.Fmt([second], 3),
+                   pp.Fmt([lp], 3), f'{ms.get(name, float("nan")):.1f}',
                    f'{ratio:.3f}'])
       points.append((name, cf, policy, first, second, lp, ratio))
-  lines += _Table(['capacity factor', 'policy', 'seeds', 'dropped 1st',
+  lines += pp.Table(['capacity factor', 'policy', 'seeds', 'dropped 1st',
                    'dropped 2nd', f'dev log-pplx @ {steps}', 'ms/step',
                    'vs dense'], rows)
   lps = [p[5] for p in points if p[5] is not None]
@@ -522,9 +392,9 @@ def Capacity(res, res_dir):
               'the seed spreads of section 1). Step times are interleaved '
               'with TinyDense in one benchmark, so the ratios compare; the '
               'absolute ms depend on what else the machine ran.', '']
-  png = reproduce_plots.Capacity(os.path.join(res_dir, 'capacity.png'), points)
+  png = plots.Capacity(os.path.join(res_dir, 'capacity.png'), points)
   lines += [f'![capacity](results/{os.path.basename(png)})', '']
-  return lines + _Commands(res), [png]
+  return lines + pp.Commands(res), [png]
 
 
 def _ScalingReading(csv):
@@ -556,53 +426,53 @@ def _ScalingReading(csv):
 
 def Speed(res, res_dir):
   lines = ['## 5. SPMD scaling (GShard Fig. 7–9) and MoE layer speed', '']
-  lines += _Header(res)
+  lines += pp.Header(res)
   csv = res['spmd']['csv']
   lines += ['`scripts/bench_spmd_scaling.py` (one MoE layer, E = D, fixed '
             'tokens per device):', '']
-  lines += _CsvTable(csv)
+  lines += pp.CsvTable(csv)
   lines += _ScalingReading(csv)
   png = os.path.join(res_dir, 'spmd_scaling.png')
   lines += [f'![spmd scaling](results/{os.path.basename(png)})', '',
             '`scripts/bench_moe.py` (MoE layer fwd+bwd vs a FLOP-matched '
             'dense FFN):', '', '```', res['moe']['output'].rstrip(), '```', '']
-  png2 = reproduce_plots.MoeRatios(os.path.join(res_dir, 'moe_speed.png'),
+  png2 = plots.MoeRatios(os.path.join(res_dir, 'moe_speed.png'),
                                    res['moe']['output'])
   lines += [f'![moe speed](results/{os.path.basename(png2)})', '']
-  return lines + _Commands(res), [png, png2]
+  return lines + pp.Commands(res), [png, png2]
 
 
 def Gpipe(res, res_dir):
   lines = ['## 6a. GPipe: re-materialisation memory and bubble (GPipe §2.3)',
-           ''] + _Header(res)
+           ''] + pp.Header(res)
   lines += ['FLOPs and memory are XLA\'s analyses of the compiled programs '
             '(exact); `seconds` / `speedup` are wall-clock on K virtual '
             'devices sharing 2 cores (and whatever else the machine runs), '
             'not a pipeline speedup measurement.', '']
   for key, title in (('memory', 'Memory'), ('efficiency', 'Efficiency')):
     lines += [f'{title} (`scripts/bench_gpipe.py`):', '']
-    lines += _CsvTable(res[key])
+    lines += pp.CsvTable(res[key])
   png = os.path.join(res_dir, 'gpipe.png')
   lines += [f'![gpipe](results/{os.path.basename(png)})', '']
-  return lines + _Commands(res), [png]
+  return lines + pp.Commands(res), [png]
 
 
 def Lm(res, res_dir):
   steps = res['steps']
-  moe, lstm = _Runs(res, 'lm_moe'), _Runs(res, 'lm_lstm')
+  moe, lstm = pp.Runs(res, 'lm_moe'), pp.Runs(res, 'lm_lstm')
   lines = ['## 6b. MoE language model vs its LSTM baseline (Shazeer App. C)',
-           ''] + _Header(res)
-  rows = [[name, len(rs), Fmt([CurveAt(r, steps) for r in rs], 3),
-           Fmt([np.exp(CurveAt(r, steps)) for r in rs
-                if CurveAt(r, steps) is not None], 1)]
+           ''] + pp.Header(res)
+  rows = [[name, len(rs), pp.Fmt([pp.CurveAt(r, steps) for r in rs], 3),
+           pp.Fmt([np.exp(pp.CurveAt(r, steps)) for r in rs
+                if pp.CurveAt(r, steps) is not None], 1)]
           for name, rs in (('`lm1b.TinyMoE`', moe), ('`lm1b.TinyLSTM`', lstm))]
   lines += [f'Equal steps ({steps}); same matmul FLOPs per word.', '']
-  lines += _Table(['model', 'seeds', 'dev log-pplx', 'dev perplexity'], rows)
-  moe_v, lstm_v = ([CurveAt(r, steps) for r in rs] for rs in (moe, lstm))
-  lines += ['- ' + Verdict(moe_v, lstm_v, False, 'TinyMoE', 'TinyLSTM',
+  lines += pp.Table(['model', 'seeds', 'dev log-pplx', 'dev perplexity'], rows)
+  moe_v, lstm_v = ([pp.CurveAt(r, steps) for r in rs] for rs in (moe, lstm))
+  lines += ['- ' + pp.Verdict(moe_v, lstm_v, False, 'TinyMoE', 'TinyLSTM',
                            'dev log-pplx'), '']
-  if Claim(moe_v, lstm_v, False) <= 0:
-    words = MeanSd([r['tgt_tokens_per_step'] for r in moe + lstm])[0] or 0
+  if pp.Claim(moe_v, lstm_v, False) <= 0:
+    words = pp.MeanSd([r['tgt_tokens_per_step'] for r in moe + lstm])[0] or 0
     lines += [
         '**Why the laptop analogue differs (our reading).** Shazeer Table 7 '
         'finds MoE-32 and MoE-256 well ahead of the FLOP-matched 4xLSTM-512 '
@@ -614,53 +484,9 @@ def Lm(res, res_dir):
         '~8,100M, each expert seeing about a quarter of them: too little '
         'for the extra expert weights to hold what an LSTM of the same cost '
         'cannot, the same budget limit as section 1.', '']
-  png = reproduce_plots.Curves(
+  png = plots.Curves(
       os.path.join(res_dir, 'lm_curves.png'),
       {'TinyMoE': [r['curve'] for r in moe],
        'TinyLSTM': [r['curve'] for r in lstm]}, 'LM dev log-pplx vs steps')
   lines += [f'![lm](results/{os.path.basename(png)})', '']
-  return lines + _Commands(res), [png]
-
-
-def Write(out_dir, data_dir):
-  """Writes out_dir/RESULTS.md from out_dir/results/*.json; returns the
-  paths of the page and every figure it references."""
-  res_dir = os.path.join(out_dir, 'results')
-  lines = ['# lingshard evidence page: the papers\' claims at laptop scale',
-           '', 'Generated by `scripts/reproduce.py` from '
-           '`docs/results/<experiment>.json`; do not edit by hand. Every '
-           'section names the command, revision and date that produced it '
-           'and lists every run\'s command line (config key, seed, '
-           'overrides). Claim rule: a difference is claimed only when it '
-           'exceeds the seed spread, |mean_a − mean_b| > sd_a + sd_b (with '
-           'one seed on a side, that side borrows the other side\'s sd; with '
-           'one seed on both sides no claim is made). Machine: 2 CPU cores, '
-           'no accelerator.', '']
-  written, minutes = [], []
-  sections = (('conditional', lambda r: Conditional(r, res_dir, data_dir)),
-              ('depth', lambda r: Depth(r, res_dir)),
-              ('balance', lambda r: Balance(r, res_dir)),
-              ('capacity', lambda r: Capacity(r, res_dir)),
-              ('speed', lambda r: Speed(r, res_dir)),
-              ('gpipe', lambda r: Gpipe(r, res_dir)),
-              ('lm', lambda r: Lm(r, res_dir)))
-  for name, render in sections:
-    res = _Load(res_dir, name)
-    if res is None:
-      lines += [f'## {name}', '', f'Not run yet: `python scripts/reproduce.py '
-                f'--only {name}`.', '']
-      continue
-    section, pngs = render(res)
-    lines += section
-    written += pngs
-    minutes.append((name, res['seconds'] / 60))
-  lines[4:4] = [
-      'Run times of the invocations that produced the sections (minutes, 2 '
-      'cores): ' + ', '.join(f'{n} {m:.1f}' for n, m in minutes) +
-      f'; {sum(m for _, m in minutes) / 60:.1f} h in all. Runs a section '
-      'reused from an earlier invocation (marked in its commands) are not '
-      'counted again.', '']
-  page = os.path.join(out_dir, 'RESULTS.md')
-  with open(page, 'w', encoding='utf-8') as f:
-    f.write('\n'.join(lines).rstrip() + '\n')
-  return [page] + written
+  return lines + pp.Commands(res), [png]

@@ -1,8 +1,9 @@
 """The evidence page: the papers' headline claims at laptop scale.
 
-  .venv/bin/python scripts/reproduce.py            # full run, ~3 h on 2 cores
-  .venv/bin/python scripts/reproduce.py --quick    # smoke run (minutes)
-  .venv/bin/python scripts/reproduce.py --only capacity,balance
+  .venv/bin/python -m lingshard.experiments            # full run, ~3 h
+  .venv/bin/python -m lingshard.experiments --quick    # smoke run (minutes)
+  .venv/bin/python -m lingshard.experiments --only capacity,balance
+  .venv/bin/python -m lingshard.experiments --page_only  # re-render the page
 
 Trains and measures with the repository's own binaries (the trainer, the
 benchmark scripts) and writes docs/RESULTS.md with PNG plots under
@@ -25,8 +26,10 @@ config key, seed, overrides and measurements, the revision); the page is
 rendered from all of them, so --only regenerates one section and keeps the
 others. Training runs go to --work_dir (default logs/reproduce) and are
 reused when their spec is unchanged; runs recorded in docs/results by a
-revision with the same lingshard/ package are reused too (the page says
-which).
+revision with the same lingshard/ package (this experiments package aside:
+it renders and schedules, it does not train) are reused too (the page says
+which). Run from the repository root: the step benchmarks are
+scripts/bench_*.py.
 """
 
 import argparse
@@ -39,11 +42,17 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import reproduce_page  # pylint: disable=g-import-not-at-top,wrong-import-position
-import reproduce_runs  # pylint: disable=g-import-not-at-top,wrong-import-position
+from lingshard.experiments import page as page_lib
+from lingshard.experiments import runs as runs_lib
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository this package is in (git: which revision, same package?).
+# Scripts (scripts/bench_*.py) and data paths are relative to the working
+# directory, the repository root (or a directory with a `scripts` link).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+# Compared between revisions to reuse recorded runs: the package, without
+# this experiments package (see the module docstring).
+PACKAGE_PATHS = ('lingshard', ':(exclude)lingshard/experiments')
 # Run order: the timing benchmarks first (each with the machine to itself),
 # the headline experiment next.
 EXPERIMENTS = ('speed', 'conditional', 'capacity', 'balance', 'depth', 'lm',
@@ -111,14 +120,14 @@ def _Args(argv):
     ap.error(f'unknown experiment(s) {", ".join(bad)}; choose from '
              f'{", ".join(EXPERIMENTS)}')
   args.names = names
-  args.command = reproduce_runs.Shown(
-      [sys.executable, 'scripts/reproduce.py'] +
+  args.command = runs_lib.Shown(
+      [sys.executable, '-m', 'lingshard.experiments'] +
       list(sys.argv[1:] if argv is None else argv))
   return args
 
 
 def _Shown(argv):
-  return reproduce_runs.Shown(argv)
+  return runs_lib.Shown(argv)
 
 
 def _Script(ctx, argv, log_name):
@@ -127,7 +136,7 @@ def _Script(ctx, argv, log_name):
   print(f'  $ {_Shown(cmd)}', flush=True)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        cwd=ROOT, check=False)
+                        check=False)  # In the working directory.
   os.makedirs(ctx.work_dir, exist_ok=True)
   with open(os.path.join(ctx.work_dir, log_name), 'w', encoding='utf-8') as f:
     f.write(proc.stdout + proc.stderr)
@@ -184,7 +193,7 @@ def Conditional(ctx):
       if model == 'm4.TinyMoE':
         run = _BaseRun(ctx, seed)  # The same run as depth's and balance's.
       else:
-        run = reproduce_runs.Run(
+        run = runs_lib.Run(
             f'cc_{arm}_s{seed}', model, seed, [steps, wall],
             _SeedOverrides(seed), decode=True, eval_every=cfg['eval_every'])
       runs.append(run)
@@ -202,10 +211,10 @@ def _BaseRun(ctx, seed, name='e8', extra='', curve=True):
   wall-clock budget other than the step budget it also stops there)."""
   cfg = ctx.cfg
   if name == 'e8' and ctx.e8_wall not in (None, cfg['steps']):
-    return reproduce_runs.Run(
+    return runs_lib.Run(
         f'cc_E8_s{seed}', 'm4.TinyMoE', seed, [cfg['steps'], ctx.e8_wall],
         _SeedOverrides(seed), decode=True, eval_every=cfg['eval_every'])
-  return reproduce_runs.Run(
+  return runs_lib.Run(
       f'{name}_s{seed}', 'm4.TinyMoE', seed, [cfg['steps']],
       _SeedOverrides(seed, extra), decode=True,
       eval_every=cfg['eval_every'] if curve else cfg['steps'])
@@ -218,7 +227,7 @@ def Depth(ctx):
   # 6 + 6 costs 2.2x the FLOPs per step: one seed per sweep seed; its
   # difference is read against the 2 + 2 arm's seed spread.
   for seed in cfg['sweep_seeds']:
-    runs.append(reproduce_runs.Run(
+    runs.append(runs_lib.Run(
         f'deep_s{seed}', DEEP, seed, [steps], _SeedOverrides(seed),
         decode=True, eval_every=cfg['eval_every']))
   return dict(steps=steps, seeds=list(cfg['seeds']),
@@ -233,7 +242,7 @@ NO_LM_LOSSES = 'task.moe_tpl.w_importance=0.0;task.moe_tpl.w_load=0.0'
 
 def _LmRun(ctx, seed, name, model, extra=''):
   cfg = ctx.cfg
-  return reproduce_runs.Run(f'{name}_s{seed}', model, seed, [cfg['lm_steps']],
+  return runs_lib.Run(f'{name}_s{seed}', model, seed, [cfg['lm_steps']],
                             _SeedOverrides(seed, extra),
                             eval_every=cfg['eval_every'], data='lm')
 
@@ -271,7 +280,7 @@ def Capacity(ctx):
                f"task.moe_tpl.second_expert_policy='{policy}'")
       variants.append(f'{name}=m4.TinyMoE:{extra}')
       for seed in cfg['sweep_seeds']:
-        runs.append(reproduce_runs.Run(
+        runs.append(runs_lib.Run(
             f'cap_{name}_s{seed}', 'm4.TinyMoE', seed, [steps],
             _SeedOverrides(seed, extra), eval_every=steps))
   # Step time per variant: TF graph mode (no XLA compile per variant);
@@ -359,9 +368,9 @@ class Context:
         self.e8_wall = cond['arms']['E8']['wall_steps']
     dev_dir = args.data_dir
     if self.cfg['dev_rows']:
-      dev_dir = reproduce_runs.DevSubset(args.data_dir, args.work_dir,
+      dev_dir = runs_lib.DevSubset(args.data_dir, args.work_dir,
                                          self.cfg['dev_rows'])
-    self.runner = reproduce_runs.Runner(args.work_dir, args.data_dir,
+    self.runner = runs_lib.Runner(args.work_dir, args.data_dir,
                                         args.lm_data_dir, args.workers,
                                         dev_dir=dev_dir,
                                         mt_overrides=self.params_override,
@@ -395,11 +404,12 @@ def StoredRuns(args):
 
 @functools.cache
 def _SamePackage(rev):
-  """True when lingshard/ at `rev` equals the checkout's (committed and
-  uncommitted)."""
+  """True when lingshard/ (but lingshard/experiments) at `rev` equals the
+  checkout's (committed and uncommitted)."""
   if not re.fullmatch(r'[0-9a-f]{7,40}', rev or ''):
     return False
-  proc = subprocess.run(['git', 'diff', '--quiet', rev, '--', 'lingshard'],
+  proc = subprocess.run(['git', 'diff', '--quiet', rev, '--',
+                         *PACKAGE_PATHS],
                         cwd=ROOT, capture_output=True, check=False)
   return proc.returncode == 0
 
@@ -424,7 +434,7 @@ def _EnsureCorpora(args):
     marker = 'train.tsv' if module.endswith('.prepare') else 'train.txt'
     if needed and not os.path.exists(os.path.join(path, marker)):
       subprocess.run([sys.executable, '-m', module, '--out', path],
-                     check=True, cwd=ROOT)
+                     check=True)
 
 
 def main(argv=None):
@@ -434,10 +444,10 @@ def main(argv=None):
   if not args.page_only:
     _EnsureCorpora(args)
     _RunExperiments(args, res_dir)
-  written = reproduce_page.Write(args.out_dir, args.data_dir)
+  written = page_lib.Write(args.out_dir, args.data_dir)
   missing = [p for p in written if not os.path.exists(p)]
   if missing:
-    raise SystemExit(f'reproduce.py: not produced: {", ".join(missing)}')
+    raise SystemExit(f'lingshard.experiments: not produced: {", ".join(missing)}')
   print(f'wrote {", ".join(written)}')
 
 

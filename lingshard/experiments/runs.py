@@ -1,4 +1,4 @@
-"""Training runs of the evidence page (scripts/reproduce.py): the trainer
+"""Training runs of the evidence page (lingshard/experiments): the trainer
 binary as subprocesses, two at a time, and what they measured.
 
 A `Run` is one model key + seed + params overrides trained with
