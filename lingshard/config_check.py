@@ -29,8 +29,8 @@ and host counts before training), as do `count_params` and `spmd_check`;
 import numpy as np
 
 from lingshard import sharding
-from lingshard.layers import moe
 from lingshard.layers import pipeline
+from lingshard.layers.moe import base as moe_base
 
 
 class ConfigCheckError(ValueError):
@@ -140,7 +140,7 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
   """
   task = model_params.task.Instantiate()
   layers = list(task.AllLayers())
-  moes = [x for x in layers if isinstance(x, moe.MoEBase)]
+  moes = [x for x in layers if isinstance(x, moe_base.MoEBase)]
   for layer in moes:
     _CheckMoEMesh(layer)
   _CheckWeights(layers)

@@ -77,9 +77,9 @@ def _DenseStep(m, h2, jit):
 
 def _MoEStep(args, num_experts, impl, jit):
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from lingshard.layers import moe  # pylint: disable=g-import-not-at-top
+  from lingshard.layers.moe import top2  # pylint: disable=g-import-not-at-top
   dispatch, _, expert_dtype = impl.partition('_')
-  p = moe.MoELayer.Params().Set(
+  p = top2.MoELayer.Params().Set(
       name='moe', input_dim=args.model_dim, hidden_dim=args.hidden_dim,
       num_experts=num_experts, num_groups=args.groups,
       capacity_factor=args.capacity_factor, dispatch_impl=dispatch,

@@ -106,13 +106,13 @@ def _SliceParams(task_p, mesh, num_experts=None, num_groups=None,
                  num_layers=2):
   """SliceTask params from an MT config's task params."""
   # pylint: disable=g-import-not-at-top
-  from lingshard.layers import moe
   from lingshard.layers import transformer
+  from lingshard.layers.moe import top2
   # pylint: enable=g-import-not-at-top
   moe_p = task_p.moe_tpl.Copy()
   if num_experts:
     moe_p.Set(num_experts=num_experts, num_groups=num_groups)
-    moe_p = moe.MoELayer.SetExpertSharding(moe_p, mesh)
+    moe_p = top2.MoELayer.SetExpertSharding(moe_p, mesh)
   stack = transformer.TransformerStack.Params().Set(
       name='enc', model_dim=task_p.model_dim, hidden_dim=task_p.hidden_dim,
       num_heads=task_p.num_heads, dim_per_head=task_p.dim_per_head,

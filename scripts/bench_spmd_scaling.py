@@ -68,19 +68,19 @@ def _Inputs(d, s, m):
 def _LayerParams(d):
   # pylint: disable=g-import-not-at-top
   import numpy as np
-  from lingshard.layers import moe
+  from lingshard.layers.moe import top2
   # pylint: enable=g-import-not-at-top
-  p = moe.MoELayer.Params().Set(
+  p = top2.MoELayer.Params().Set(
       name='moe', input_dim=FLAGS.model_dim, hidden_dim=FLAGS.hidden_dim,
       num_experts=d, num_groups=d, capacity_factor=1.0,  # C = 2S/E (§2.2)
       dispatch_impl=FLAGS.dispatch_impl, second_expert_policy='all')
-  return moe.MoELayer.SetExpertSharding(p, np.arange(d))
+  return top2.MoELayer.SetExpertSharding(p, np.arange(d))
 
 
 def _SpmdWorker(d):
   """One SPMD-partitioned train step of the MoE layer on D devices."""
   # pylint: disable=g-import-not-at-top
-  from lingshard.layers import gating
+  from lingshard.layers.moe import routing
   from lingshard.spmd import check
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
@@ -99,7 +99,7 @@ def _SpmdWorker(d):
   m = r.memory
   return dict(
       mode='spmd', devices=d, experts=d, tokens_per_device=s,
-      capacity=gating.ExpertCapacity(s, d, 1.0), flops_per_device=r.flops,
+      capacity=routing.ExpertCapacity(s, d, 1.0), flops_per_device=r.flops,
       mem_argument=m['argument'], mem_output=m['output'],
       mem_temp=m['temp'],
       mem_total=m['argument'] + m['output'] + m['temp'] - m['alias'],
@@ -114,10 +114,11 @@ def _MpmdStep(d, s, m, h):
   """The MoE train step as D explicit per-device pieces (GShard Fig 2a)."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
-  from lingshard.layers import gating
-  from lingshard.layers import moe_dispatch
+  from lingshard.layers.moe import dispatch as moe_dispatch
+  from lingshard.layers.moe import routing as moe_routing
+  from lingshard.layers.moe import top2
   # pylint: enable=g-import-not-at-top
-  e, c = d, gating.ExpertCapacity(s, d, 1.0)
+  e, c = d, moe_routing.ExpertCapacity(s, d, 1.0)
 
   def Step(x, wg, wi, wo):
     """x [D, S, M]; wi, wo: lists of D per-expert weights."""
@@ -128,7 +129,7 @@ def _MpmdStep(d, s, m, h):
       dispatched, combines, aux = [], [], []
       for x_d in xs:                     # gating + dispatch on device d
         logits = tf.einsum('sm,me->se', x_d, wg)[tf.newaxis]
-        routing, aux_loss, _ = gating.Top2Gating(logits, tf.ones([1, s]), c,
+        routing, aux_loss, _ = top2.Top2Gating(logits, tf.ones([1, s]), c,
                                                  'all')
         combines.append(moe_dispatch.CombineWeightsGSEC(routing, e, c)[0])
         mask = moe_dispatch.DispatchMaskGSEC(routing, e, c)[0]

@@ -236,8 +236,9 @@ def Depth(ctx):
               runs=ctx.runner.RunAll(runs))
 
 
-NO_AUX = 'task.moe_tpl.aux_loss_weight=0.0'
-NO_LM_LOSSES = 'task.moe_tpl.w_importance=0.0;task.moe_tpl.w_load=0.0'
+NO_AUX = 'task.moe_tpl.aux_loss_weights.group_aux=0.0'
+NO_LM_LOSSES = ('task.moe_tpl.aux_loss_weights.importance=0.0;'
+                'task.moe_tpl.aux_loss_weights.load=0.0')
 
 
 def _LmRun(ctx, seed, name, model, extra=''):

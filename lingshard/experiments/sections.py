@@ -282,7 +282,7 @@ def _RoutingRow(rs):
 def Balance(res, res_dir):
   steps = res['steps']
   arms = (('aux 0.01 (`m4.TinyMoE`)', pp.BaseRuns(res)),
-          ('aux 0 (`aux_loss_weight=0.0`)', pp.Runs(res, 'noaux')))
+          ('aux 0 (`aux_loss_weights.group_aux=0.0`)', pp.Runs(res, 'noaux')))
   lines = ['## 3. Load balancing (Shazeer Table 6, GShard §2.2)', '']
   lines += pp.Header(res)
   lines += ['Routing metrics of the training batches (mean over the last '
@@ -301,7 +301,7 @@ def Balance(res, res_dir):
                            False, 'aux 0', 'aux 0.01', 'CV(load)'),
             '- ' + pp.Verdict(noaux_v, aux_v, False, 'aux 0', 'aux 0.01',
                            'dev log-pplx'), '']
-  lm = (('w_importance = w_load = 0.1 (`lm1b.TinyMoE`)', pp.Runs(res, 'lm_moe')),
+  lm = (('importance = load = 0.1 (`aux_loss_weights`, `lm1b.TinyMoE`)', pp.Runs(res, 'lm_moe')),
         ('no balancing losses', pp.Runs(res, 'lm_noloss')))
   lm_steps = res['lm_steps']
   rows = [[name, len(rs)] + [pp.Fmt([r['routing'].get(k) for r in rs], 3)

@@ -32,7 +32,7 @@ import contextvars
 import tensorflow as tf
 
 from lingshard.layers import base_layer
-from lingshard.layers import routing_rng
+from lingshard.layers.moe import rng as routing_rng
 
 # (layer_index, example_offset, example_stride) of KeyedMasks, or None.
 _MASK_KEY = contextvars.ContextVar('lingshard_dropout_key', default=None)

@@ -29,7 +29,7 @@ import tensorflow as tf
 from lingshard.layers import dropout
 from lingshard.layers import embedding
 from lingshard.layers import lstm
-from lingshard.layers import routing_metrics
+from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers import sampled_softmax
 from lingshard.layers import softmax
 from lingshard.models import base_model

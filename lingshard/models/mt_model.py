@@ -17,7 +17,7 @@ decoding runs the same weights unpipelined.
 Loss (GShard §2.2): `loss = xent + sum_l aux_l`, where xent is the
 label-smoothed per-token cross-entropy averaged over non-padding target
 tokens and aux_l the auxiliary load-balancing loss of MoE layer l, already
-weighted by that layer (e.g. moe.MoELayer's `aux_loss_weight` k). Metrics
+weighted by that layer (e.g. top2.MoELayer's `aux_loss_weights.group_aux` k). Metrics
 (name -> (value, weight)): `loss`, `xent`, `log_pplx` (unsmoothed
 per-token nll), `aux_loss` (the sum), `num_tgt_tokens`, `num_src_tokens`,
 and per MoE layer `{enc|dec}_layer_XXX_aux_loss` and
@@ -46,7 +46,7 @@ from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import embedding
 from lingshard.layers import position
-from lingshard.layers import routing_metrics
+from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers import softmax
 from lingshard.layers import transformer
 from lingshard.models import base_model

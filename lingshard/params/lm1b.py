@@ -29,8 +29,8 @@ import numpy as np
 from lingshard import model_registry
 from lingshard.base_model_params import SingleTaskModelParams
 from lingshard.data import lm_inputs
-from lingshard.layers import hierarchical_moe
-from lingshard.layers import noisy_gating
+from lingshard.layers.moe import hierarchical as hierarchical_moe
+from lingshard.layers.moe import noisy_top_k
 from lingshard.models import lm_model
 
 MODEL_DIM = 512
@@ -65,11 +65,12 @@ def MoEParams(num_experts, hierarchical, model_dim=MODEL_DIM,
     p = hierarchical_moe.HierarchicalMoELayer.Params().Set(
         num_expert_groups=first_level, k_primary=2, k_secondary=2)
   else:
-    p = noisy_gating.NoisyTopKMoELayer.Params().Set(
+    p = noisy_top_k.NoisyTopKMoELayer.Params().Set(
         num_experts_per_token=FLAT_K)
   return p.Set(input_dim=model_dim, hidden_dim=hidden_dim,
                num_experts=num_experts, output_activation='sigmoid',
-               w_importance=W_IMPORTANCE, w_load=W_LOAD, num_groups=1)
+               num_groups=1, **{'aux_loss_weights.importance': W_IMPORTANCE,
+                                'aux_loss_weights.load': W_LOAD})
 
 
 def Model(name, vocab_size=VOCAB_SIZE, model_dim=MODEL_DIM,
@@ -171,7 +172,7 @@ def TinyMoEParams():
   mp = MoEParams(16, False, TINY_DIM, hidden_dim=2 * TINY_DIM).Set(
       num_groups=TINY_DEVICES, capacity_factor=TINY_CAPACITY_FACTOR,
       eval_capacity_factor=None)
-  return noisy_gating.NoisyTopKMoELayer.SetExpertSharding(
+  return noisy_top_k.NoisyTopKMoELayer.SetExpertSharding(
       mp, np.arange(TINY_DEVICES))
 
 

@@ -45,9 +45,9 @@ from lingshard.data import inputs
 from lingshard.data import prepare
 from lingshard.data import splits
 from lingshard.data import vocab
-from lingshard.layers import moe
 from lingshard.layers import pipeline
 from lingshard.models import mt_model
+from lingshard.layers.moe import top2
 
 # Where `python -m lingshard.data.prepare` writes the corpus by default.
 DATA_DIR = prepare.DEFAULT_OUT
@@ -84,15 +84,15 @@ def Transformer(num_layers, model_dim=1024, hidden_dim=8192, num_heads=16,
     p.device_mesh = np.arange(devices)
     p.mesh_axis_names = list(MESH_AXIS_NAMES)
   if num_experts:
-    mp = moe.MoELayer.Params().Set(
+    mp = top2.MoELayer.Params().Set(
         num_experts=num_experts, num_groups=devices, capacity_factor=1.0,
         second_expert_policy='random', dispatch_impl='auto',
-        aux_loss_weight=0.01)
+        **{'aux_loss_weights.group_aux': 0.01})
     # Groups split over the mesh, experts (weights and buffers) too. The
     # dispatch is the measured-fastest of two equal ones for the platform
-    # the trainer runs on (moe.AutoDispatchImpl: gather on CPU/GPU, GShard's
+    # the trainer runs on (moe/base.py AutoDispatchImpl: gather on CPU/GPU, GShard's
     # Algorithm 2 einsums on TPU).
-    p.moe_tpl = moe.MoELayer.SetExpertSharding(mp, p.device_mesh)
+    p.moe_tpl = top2.MoELayer.SetExpertSharding(mp, p.device_mesh)
   # App. A.2: Adafactor (factored, beta1 = 0), lr 1.0, rsqrt decay from 10k.
   p.train.Set(optimizer='adafactor', learning_rate=1.0,
               lr_schedule='rsqrt_decay', warmup_steps=10000,

@@ -48,10 +48,10 @@ from lingshard.layers import embedding
 from lingshard.layers import ffn
 from lingshard.layers import layer_norm
 from lingshard.layers import lstm
-from lingshard.layers import moe
 from lingshard.layers import pipeline
 from lingshard.layers import softmax
 from lingshard.optim import adafactor
+from lingshard.layers.moe import base as moe_base
 
 # Private flag values: tools can be imported together without clashes.
 FLAGS = flags.FlagValues()
@@ -66,7 +66,7 @@ _LAYER_KINDS = (
     (softmax.SoftmaxLayer, 'embedding'),
     (attention.MultiHeadAttention, 'attention'),
     (ffn.FeedForward, 'dense_ffn'),
-    (moe.MoEBase, 'moe'),
+    (moe_base.MoEBase, 'moe'),
     (layer_norm.LayerNorm, 'layer_norm'),
     (lstm.LSTMLayer, 'lstm'),
 )

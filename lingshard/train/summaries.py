@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
-from lingshard.layers import routing_metrics
+from lingshard.layers.moe import metrics as routing_metrics
 
 HISTOGRAM_BUCKETS = 30
 

@@ -7,15 +7,15 @@ import tensorflow as tf
 
 from lingshard.layers import attention
 from lingshard.layers import dropout
-from lingshard.layers import moe
 from lingshard.layers import transformer
 from lingshard.nested_map import NestedMap
+from lingshard.layers.moe import top2
 
 SHAPE = dict(model_dim=8, hidden_dim=16, num_heads=2, dim_per_head=4)
 
 
 def _Moe(**kw):
-  return moe.MoELayer.Params().Set(num_experts=4, num_groups=1,
+  return top2.MoELayer.Params().Set(num_experts=4, num_groups=1,
                                    expert_capacity=64, **kw)
 
 

@@ -2,10 +2,9 @@
 
 import numpy as np
 import tensorflow as tf
-
-from lingshard.layers import moe
 from lingshard.models import mt_model
 from lingshard.nested_map import NestedMap
+from lingshard.layers.moe import top2
 
 
 def TinyParams(use_moe=False, **kw):
@@ -16,7 +15,7 @@ def TinyParams(use_moe=False, **kw):
       num_decoder_layers=2, label_smoothing=0.1)
   if use_moe:
     # One group, room for every token: no drops.
-    p.moe_tpl = moe.MoELayer.Params().Set(num_experts=4, num_groups=1,
+    p.moe_tpl = top2.MoELayer.Params().Set(num_experts=4, num_groups=1,
                                           expert_capacity=256)
   return p.Set(**kw)
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingshard.layers import balanced_gating
-from lingshard.layers import hierarchical_moe
-from lingshard.layers import noisy_gating
+from lingshard.layers.moe import balanced
+from lingshard.layers.moe import hierarchical
+from lingshard.layers.moe import noisy_top_k
 from lingshard.models import lm_model
 from lingshard.nested_map import NestedMap
 
@@ -22,7 +22,7 @@ def _Params(moe=None, **kw):
 
 
 def _Noisy(**kw):
-  return noisy_gating.NoisyTopKMoELayer.Params().Set(
+  return noisy_top_k.NoisyTopKMoELayer.Params().Set(
       hidden_dim=16, num_experts=4, num_experts_per_token=2,
       output_activation='sigmoid', num_groups=1, **kw)
 
@@ -134,11 +134,11 @@ def test_one_train_step_gives_finite_loss_and_every_gradient(moe):
   routing metrics reported, every weight trained."""
   tpl = None
   if moe == 'hierarchical':
-    tpl = hierarchical_moe.HierarchicalMoELayer.Params().Set(
+    tpl = hierarchical.HierarchicalMoELayer.Params().Set(
         hidden_dim=16, num_experts=8, num_expert_groups=2,
         output_activation='sigmoid', num_groups=1)
   elif moe == 'balanced':
-    tpl = balanced_gating.BalancedMoELayer.Params().Set(
+    tpl = balanced.BalancedMoELayer.Params().Set(
         hidden_dim=16, num_experts=4, output_activation='sigmoid',
         num_groups=1)
   task = _Params(tpl).Instantiate()

@@ -39,7 +39,8 @@ def test_table1_settings(key):
           t.atten_dropout_prob) == (0.1, 0.1, 0.1)
   assert t.moe_tpl.num_experts == experts
   # GShard §2.2's k, applied once, by the MoE layer (the task has none).
-  assert t.moe_tpl.aux_loss_weight == 0.01 and 'aux_loss_weight' not in t
+  assert (t.moe_tpl.aux_loss_weights.group_aux == 0.01 and
+          'aux_loss_weights' not in t)
   assert np.size(t.device_mesh) == experts  # One device per expert.
   assert (t.train.optimizer, t.train.learning_rate, t.train.lr_schedule,
           t.train.warmup_steps) == ('adafactor', 1.0, 'rsqrt_decay', 10000)

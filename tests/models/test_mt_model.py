@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingshard.layers import noisy_gating
+from lingshard.layers.moe import noisy_top_k
 from lingshard.layers import softmax
 from lingshard.nested_map import NestedMap
 from lingshard.train import step as step_lib
@@ -25,12 +25,12 @@ def _Metrics(task, batch, step=0, theta=None):
 
 @pytest.mark.parametrize('use_moe', [False, True])
 def test_loss_is_xent_plus_weighted_aux(use_moe):
-  """The MoE layers weight their aux loss (aux_loss_weight k); the task adds
+  """The MoE layers weight their aux loss (aux_loss_weights.group_aux k); the task adds
   the sum as is: loss = xent + sum_l k * aux_l, k applied once."""
   p = mt_testlib.TinyParams(use_moe=use_moe, num_encoder_layers=4,
                             num_decoder_layers=2)
   if use_moe:
-    p.moe_tpl.aux_loss_weight = 0.3
+    p.moe_tpl.aux_loss_weights.group_aux = 0.3
   task = p.Instantiate()
   batch = mt_testlib.SyntheticBatch(task.params)
   m, per_example = _Metrics(task, batch)
@@ -178,8 +178,9 @@ def test_noisy_layers_loss_is_xent_plus_their_weighted_cv_terms():
   """Noisy top-k layers weight L_importance + L_load themselves
   (w * CV^2, Shazeer et al. eqs. 7, 11); the task adds them once."""
   p = mt_testlib.TinyParams()
-  p.moe_tpl = noisy_gating.NoisyTopKMoELayer.Params().Set(
-      num_experts=4, num_groups=1, w_importance=0.2, w_load=0.3)
+  p.moe_tpl = noisy_top_k.NoisyTopKMoELayer.Params().Set(
+      num_experts=4, num_groups=1, **{'aux_loss_weights.importance': 0.2,
+                                      'aux_loss_weights.load': 0.3})
   task = p.Instantiate()
   # Non-zero gating weights (App. A starts them at 0: a uniform gate).
   theta = task.theta.Transform(tf.identity)

@@ -20,8 +20,8 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from lingshard import base_input  # noqa: E402
-from lingshard.layers import moe  # noqa: E402
 from lingshard.train import step as step_lib  # noqa: E402
+from lingshard.layers.moe import top2  # noqa: E402
 from tests.models import mt_testlib  # noqa: E402
 
 BATCH, SRC_LEN, TGT_LEN = 8, 6, 6
@@ -46,9 +46,10 @@ def Params():
   p = mt_testlib.TinyParams(input_dropout_prob=0.1,
                             residual_dropout_prob=0.1,
                             atten_dropout_prob=0.1, label_smoothing=0.0)
-  p.moe_tpl = moe.MoELayer.Params().Set(
+  p.moe_tpl = top2.MoELayer.Params().Set(
       num_experts=4, group_size=2, num_groups=None, expert_capacity=1,
-      second_expert_policy='random', aux_loss_weight=0.5)
+      second_expert_policy='random',
+      **{'aux_loss_weights.group_aux': 0.5})
   return p
 
 
@@ -65,7 +66,7 @@ def Batch(p):
 def Main(zero_offset):
   if zero_offset:  # What the trainer did before: every replica at 0.
     step_lib.ExampleOffset = lambda batch: tf.constant(0, tf.int64)
-  moe.MoELayer.Route = _TappedRoute(moe.MoELayer.Route)
+  top2.MoELayer.Route = _TappedRoute(top2.MoELayer.Route)
   out = {}
   for n in (1, 2, 4):
     p = Params()

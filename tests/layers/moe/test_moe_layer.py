@@ -8,14 +8,15 @@ import tensorflow as tf
 
 from lingshard import sharding
 from lingshard.layers import base_layer
-from lingshard.layers import moe
-from lingshard.layers import moe_dispatch
+from lingshard.layers.moe import dispatch as moe_dispatch
+from lingshard.layers.moe import base as moe_base
+from lingshard.layers.moe import top2
 
 B, T, M, H, E = 4, 12, 8, 16, 4
 
 
 def _Layer(**kw):
-  p = moe.MoELayer.Params().Set(name='moe', input_dim=M, hidden_dim=H,
+  p = top2.MoELayer.Params().Set(name='moe', input_dim=M, hidden_dim=H,
                                 num_experts=E, num_groups=2)
   p.Set(**kw)
   return p.Instantiate()
@@ -130,7 +131,7 @@ def test_uniform_routing_aux_is_one_and_collapse_is_larger():
   for j in range(E):
     wg[j] = np.roll(v, j)
   x = np.eye(M, dtype=np.float32)[np.arange(B * T) % E].reshape(B, T, M)
-  layer = _Layer(aux_loss_weight=1.0)
+  layer = _Layer(**{'aux_loss_weights.group_aux': 1.0})
   theta = layer.theta
   theta.wg.assign(wg)
   _, aux = layer.FProp(theta, tf.constant(x), tf.zeros([B, T]))
@@ -252,16 +253,16 @@ def test_metrics_keys_and_dropout_only_in_training():
 
 
 def test_sharding_params_and_annotations():
-  p = moe.MoELayer.Params().Set(name='moe', input_dim=M, hidden_dim=H,
+  p = top2.MoELayer.Params().Set(name='moe', input_dim=M, hidden_dim=H,
                                 num_experts=E, num_groups=2, use_bias=True)
-  moe.MoELayer.SetExpertSharding(p, np.arange(1), mesh_axis=0)
+  top2.MoELayer.SetExpertSharding(p, np.arange(1), mesh_axis=0)
   assert p.weight_split_dims_mapping.wi == [0, -1, -1]
   assert p.weight_split_dims_mapping.bo == [0, -1]
   assert p.weight_split_dims_mapping.wg == [-1, -1]
   assert p.activation_split_dims_mapping.gsm == [0, -1, -1]
   assert p.activation_split_dims_mapping.egcm == [0, -1, -1, -1]
   # Params (numpy mesh, None mappings) round-trip through text.
-  q = moe.MoELayer.Params()
+  q = top2.MoELayer.Params()
   q.FromText(p.ToText())
   assert q == p
   x, pad = _Batch()
@@ -285,7 +286,7 @@ def test_sharding_params_and_annotations():
                                rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match='num_groups = 3 must be a multiple '
                      'of the mesh axis size 2'):
-    moe.MoELayer.SetExpertSharding(p.Copy(), np.arange(2)).Set(
+    top2.MoELayer.SetExpertSharding(p.Copy(), np.arange(2)).Set(
         num_groups=3, dispatch_impl='gather').Instantiate().ManualSpec(3)
 
 
@@ -299,11 +300,11 @@ def test_choice_params_are_checked():
 
 
 def test_auto_dispatch_is_resolved_per_platform():
-  assert moe.AutoDispatchImpl('cpu') == moe.AutoDispatchImpl('gpu') == 'gather'
-  assert moe.AutoDispatchImpl('tpu') == 'einsum'
+  assert moe_base.AutoDispatchImpl('cpu') == moe_base.AutoDispatchImpl('gpu') == 'gather'
+  assert moe_base.AutoDispatchImpl('tpu') == 'einsum'
   with pytest.raises(ValueError, match=r"^platform must be one of \('cpu', "
                      r"'gpu', 'tpu'\), got 'TPU'$"):
-    moe.AutoDispatchImpl('TPU')
+    moe_base.AutoDispatchImpl('TPU')
   # A layer built directly resolves from the devices TF sees (CPU here).
   assert _Layer().params.dispatch_impl == 'auto'
   assert _Layer().dispatch_impl == 'gather'
@@ -320,7 +321,7 @@ def test_resolve_dispatch_sets_every_auto_in_a_params_tree():
     assert p.task.moe_tpl.dispatch_impl == impl
     task = p.task.Instantiate()
     impls = {layer.dispatch_impl for layer in task.AllLayers()
-             if isinstance(layer, moe.MoEBase)}
+             if isinstance(layer, moe_base.MoEBase)}
     assert impls == {impl}
     assert base_layer.ResolveParams(p, platform=platform) == []  # None left.
   # An explicit choice is kept.

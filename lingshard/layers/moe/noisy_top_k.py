@@ -23,13 +23,13 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard.layers import base_layer
-from lingshard.layers import gating
-from lingshard.layers import moe
-from lingshard.layers import routing
-from lingshard.layers import routing_metrics
-from lingshard.layers import routing_rng
+from lingshard.layers.moe import routing
+from lingshard.layers.moe import metrics as routing_metrics
+from lingshard.layers.moe import rng as routing_rng
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
+from lingshard.layers.moe import base as moe_base
+from lingshard.layers.moe import top2
 
 
 def _NormalCdf(z):
@@ -50,7 +50,7 @@ def LoadProbability(clean_xe, noisy_xe, noise_std_xe, k):
   if k >= num_experts:
     return tf.ones_like(clean_xe)
   _, top_idx = tf.math.top_k(tf.stop_gradient(noisy_xe), k=k + 1)
-  top_vals = gating.TakeByIndex(noisy_xe, top_idx)
+  top_vals = top2.TakeByIndex(noisy_xe, top_idx)
   thresh_if_in = top_vals[..., k:k + 1]       # (k+1)-th largest.
   thresh_if_out = top_vals[..., k - 1:k]      # k-th largest.
   is_in = noisy_xe > thresh_if_in
@@ -75,7 +75,7 @@ def NoisyTopK(clean_xe, k, noise_std_xe=None, normal_xe=None):
   else:
     noisy_xe = clean_xe
   _, top_idx = tf.math.top_k(tf.stop_gradient(noisy_xe), k=k)
-  top_vals = gating.TakeByIndex(noisy_xe, top_idx)
+  top_vals = top2.TakeByIndex(noisy_xe, top_idx)
   gate_xk = tf.nn.softmax(top_vals, axis=-1)
   gates_xe = tf.einsum('...k,...ke->...e', gate_xk,
                        tf.one_hot(top_idx, num_experts, dtype=tf.float32))
@@ -93,7 +93,7 @@ def SumOverTokens(v_gse, nonpad_gs):
   return tf.reduce_sum(v_gse * mask, axis=[0, 1])
 
 
-class NoisyTopKMoELayer(moe.MoEBase):
+class NoisyTopKMoELayer(moe_base.MoEBase):
   """Sparsely-gated MoE with noisy top-k gating (Shazeer et al. 2017).
 
   aux.aux_loss = L_importance + L_load = w_importance * CV(Importance)^2 +
@@ -110,14 +110,16 @@ class NoisyTopKMoELayer(moe.MoEBase):
     p = super().Params()
     p.capacity_factor = None
     p.eval_capacity_factor = None
-    p.Define('num_experts_per_token', 2, 'k of noisy top-k (2: the '
-             'multilingual MT model of App. E; its flat LM and single-pair '
-             'MT layers use 4).')
+    # k of noisy top-k (2: the multilingual MT model of App. E; its flat LM
+    # and single-pair MT layers use 4).
+    p.num_experts_per_token = 2
     p.Define('noisy_gating', True, 'Add the eq. (4) noise in training.')
     p.Define('noise_epsilon', 0.0, 'Added to Softplus(x Wnoise) (paper: 0; '
              "the authors' code uses 1e-2).")
-    p.Define('w_importance', 0.1, 'w_importance of eq. (7).')
-    p.Define('w_load', 0.1, 'w_load of eq. (11).')
+    p.aux_loss_weights.Define('importance', 0.1, 'w_importance of eq. (7): '
+                              'importance_loss = w * CV(Importance)^2.')
+    p.aux_loss_weights.Define('load', 0.1, 'w_load of eq. (11): load_loss = '
+                              'w * CV(Load)^2 (noisy training only).')
     p.Define('renormalize_after_drop', False, 'Renormalise kept weights '
              'after capacity drops.')
     p.weight_split_dims_mapping.Define('wg', None, 'Mapping of Wg [M, E].')
@@ -161,11 +163,11 @@ class NoisyTopKMoELayer(moe.MoEBase):
       load_e = SumOverTokens(out.prob_xe, nonpad_gs)
     else:
       load_e = SumOverTokens(tf.cast(out.gates_xe > 0, tf.float32), nonpad_gs)
-    importance_loss = p.w_importance * routing_metrics.CVSquared(importance_e)
-    load_loss = p.w_load * routing_metrics.CVSquared(load_e)
+    importance_loss = p.aux_loss_weights.importance * routing_metrics.CVSquared(importance_e)
+    load_loss = p.aux_loss_weights.load * routing_metrics.CVSquared(load_e)
     aux_loss = importance_loss
     if out.prob_xe is not None:
       aux_loss += load_loss
-    stats = NestedMap(importance_e=importance_e, load_e=load_e,
-                      importance_loss=importance_loss, load_loss=load_loss)
+    stats = routing.GateStats(importance_e, load_e, NestedMap(
+        importance_loss=importance_loss, load_loss=load_loss))
     return out_routing, aux_loss, stats

@@ -4,14 +4,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingshard.layers import balanced_gating
-from lingshard.layers import moe_dispatch
+from lingshard.layers.moe import balanced
+from lingshard.layers.moe import dispatch as moe_dispatch
 
 B, T, M, H, E, K = 4, 20, 6, 8, 5, 2
 
 
 def _Layer(**kw):
-  p = balanced_gating.BalancedMoELayer.Params().Set(
+  p = balanced.BalancedMoELayer.Params().Set(
       name='bmoe', input_dim=M, hidden_dim=H, num_experts=E, num_groups=2,
       num_experts_per_token=K)
   p.Set(**kw)
@@ -73,7 +73,7 @@ def test_batchwise_loss_matches_eq_20():
   t = rng.uniform(0.2, 0.8, size=[E]).astype(np.float32)
   mask = np.stack([_NumpyBatchwiseMask(xv[g], nonpad[g] > 0, 3)
                    for g in range(2)])
-  got = balanced_gating.BatchwiseLoss(tf.constant(xv), tf.constant(t),
+  got = balanced.BatchwiseLoss(tf.constant(xv), tf.constant(t),
                                       tf.constant(mask), tf.constant(nonpad))
   ref = 0.0
   for g in range(2):
@@ -83,7 +83,7 @@ def test_batchwise_loss_matches_eq_20():
           ref += (float(xv[g, j, i] > t[i]) - mask[g, j, i]) * (
               xv[g, j, i] - t[i])
   np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5)
-  tf_mask = balanced_gating.BatchwiseMask(tf.constant(xv), tf.constant(nonpad),
+  tf_mask = balanced.BatchwiseMask(tf.constant(xv), tf.constant(nonpad),
                                           tf.constant([3, 3]))
   np.testing.assert_array_equal(tf_mask.numpy(), mask)
 
@@ -106,7 +106,7 @@ def test_trained_thresholds_agree_with_batchwise_mask():
       _, aux, extra = layer.ComputeRouting(th, x, pad)
     grad = tape.gradient(aux, opt_t)
     opt_t.assign_sub(2e-3 * grad)
-    return extra.threshold_agreement
+    return extra.metrics.threshold_agreement
 
   start = Step().numpy()
   for _ in range(300):
@@ -120,7 +120,7 @@ def test_trained_thresholds_agree_with_batchwise_mask():
   gates = _Softmax(tf.reshape(x, [1, -1, M]).numpy() @ theta.wg.numpy())
   np.testing.assert_array_equal(routing.wanted_gsk.numpy(),
                                 gates > opt_t.numpy())
-  batch = balanced_gating.BatchwiseMask(
+  batch = balanced.BatchwiseMask(
       tf.constant(gates, tf.float32), tf.ones([1, 512]),
       tf.constant([K * 512 // E])).numpy()
   assert np.mean(batch == routing.wanted_gsk.numpy()) >= 0.9

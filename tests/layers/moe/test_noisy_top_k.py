@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingshard.layers import moe_dispatch
-from lingshard.layers import noisy_gating
-from lingshard.layers import routing_rng
+from lingshard.layers.moe import dispatch as moe_dispatch
+from lingshard.layers.moe import noisy_top_k
+from lingshard.layers.moe import rng as routing_rng
 
 _Phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
 
@@ -34,7 +34,7 @@ def test_load_probability_matches_monte_carlo():
   noise = rng.normal(size=[num_tokens, e]).astype(np.float32)
   for k in (1, 2, 3):
     noisy = clean + noise * std
-    prob = noisy_gating.LoadProbability(
+    prob = noisy_top_k.LoadProbability(
         tf.constant(clean), tf.constant(noisy), tf.constant(std), k).numpy()
     for x in range(num_tokens):
       for i in range(e):
@@ -49,7 +49,7 @@ def test_load_probability_matches_monte_carlo():
 def test_noisy_top_k_gates_are_softmax_over_kept():
   rng = np.random.RandomState(1)
   h = rng.normal(size=[5, 7]).astype(np.float32)
-  out = noisy_gating.NoisyTopK(tf.constant(h), 3)
+  out = noisy_top_k.NoisyTopK(tf.constant(h), 3)
   gates = out.gates_xe.numpy()
   for x in range(5):
     top = np.argsort(-h[x])[:3]
@@ -57,7 +57,7 @@ def test_noisy_top_k_gates_are_softmax_over_kept():
     ref[top] = np.exp(h[x, top]) / np.exp(h[x, top]).sum()
     np.testing.assert_allclose(gates[x], ref, rtol=1e-5, atol=1e-7)
   with pytest.raises(ValueError, match='top-k needs 1 <= k <= E, got k=8'):
-    noisy_gating.NoisyTopK(tf.constant(h), 8)
+    noisy_top_k.NoisyTopK(tf.constant(h), 8)
 
 
 B, T, M, H = 4, 16, 6, 8
@@ -68,7 +68,7 @@ def _CV2(v):
 
 
 def _Layer(**kw):
-  p = noisy_gating.NoisyTopKMoELayer.Params().Set(
+  p = noisy_top_k.NoisyTopKMoELayer.Params().Set(
       name='moe', input_dim=M, hidden_dim=H, num_experts=6, num_groups=2,
       num_experts_per_token=2)
   p.Set(**kw)
@@ -93,7 +93,8 @@ def _RandomGating(layer, seed=2):
 
 @pytest.mark.parametrize('k', [1, 2, 3])
 def test_importance_and_load_losses_match_numpy(k):
-  layer = _Layer(num_experts_per_token=k, w_importance=0.3, w_load=0.7)
+  layer = _Layer(num_experts_per_token=k, **{
+      'aux_loss_weights.importance': 0.3, 'aux_loss_weights.load': 0.7})
   theta = _RandomGating(layer)
   x, pad = _Batch()
   _, aux = layer.FProp(theta, tf.constant(x), tf.constant(pad), step=4)
@@ -243,7 +244,7 @@ def test_lm_configuration_sigmoid_output_app_c():
 
 
 def test_num_experts_per_token_out_of_range_is_a_clear_error():
-  p = noisy_gating.NoisyTopKMoELayer.Params().Set(
+  p = noisy_top_k.NoisyTopKMoELayer.Params().Set(
       name='nmoe', input_dim=4, hidden_dim=8, num_experts=4, num_groups=1,
       num_experts_per_token=5)
   with pytest.raises(ValueError) as e:

@@ -22,11 +22,11 @@ would trade routing quality for threshold fit).
 import tensorflow as tf
 
 from lingshard.layers import base_layer
-from lingshard.layers import moe
-from lingshard.layers import routing
-from lingshard.layers import routing_metrics
+from lingshard.layers.moe import routing
+from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
+from lingshard.layers.moe import base as moe_base
 
 
 def BatchwiseMask(x_gse, nonpad_gs, m_g):
@@ -63,7 +63,7 @@ def MaskedGates(gates_gse, mask_gse):
   return tf.math.divide_no_nan(g, tf.reduce_sum(g, axis=-1, keepdims=True))
 
 
-class BalancedMoELayer(moe.MoEBase):
+class BalancedMoELayer(moe_base.MoEBase):
   """MoE with strictly balanced (batchwise) gating, App. F.
 
   aux.aux_loss = w_batchwise * L_batchwise / |X| (eq. 20 averaged over real
@@ -76,12 +76,12 @@ class BalancedMoELayer(moe.MoEBase):
   @classmethod
   def Params(cls):
     p = super().Params()
-    p.Define('num_experts_per_token', 2, 'k: each expert keeps m = k|X|/n '
-             'tokens per group.')
-    p.Define('w_batchwise', 1.0, 'Scale of L_batchwise / |X| (App. F '
-             'gives no weight: 1.0 adds the loss as written).')
-    p.Define('w_importance', 0.0, 'Optional importance loss (eq. 7; App. F '
-             'uses none).')
+    p.num_experts_per_token = 2  # k: each expert keeps m = k|X|/n tokens.
+    p.aux_loss_weights.Define('batchwise', 1.0, 'Scale of L_batchwise / |X| '
+                              '(App. F gives no weight: 1.0 adds the loss as '
+                              'written).')
+    p.aux_loss_weights.Define('importance', 0.0, 'Optional importance loss '
+                              '(eq. 7; App. F uses none).')
     p.weight_split_dims_mapping.Define('wg', None, 'Mapping of Wg [M, E].')
     p.weight_split_dims_mapping.Define('thresholds', None,
                                        'Mapping of T [E].')
@@ -112,7 +112,7 @@ class BalancedMoELayer(moe.MoEBase):
     gates_gse = tf.nn.softmax(routing.GatingLogits(x_gsm, theta.wg), axis=-1)
     thresholds = tf.cast(theta.thresholds, tf.float32)
     real = tf.cast(nonpad_gs, tf.bool)[..., tf.newaxis]
-    stats = NestedMap()
+    metrics = NestedMap()
     if p.is_inference:
       mask_gse = real & ThresholdMask(gates_gse, thresholds)
       aux_loss = tf.constant(0.0)
@@ -122,19 +122,19 @@ class BalancedMoELayer(moe.MoEBase):
       loss = BatchwiseLoss(tf.stop_gradient(gates_gse), thresholds,
                            mask_gse, nonpad_gs)
       n = tf.maximum(tf.reduce_sum(nonpad_gs), 1.0)
-      aux_loss = p.w_batchwise * loss / n
-      stats.batchwise_loss = loss / n
+      aux_loss = p.aux_loss_weights.batchwise * loss / n
+      metrics.batchwise_loss = loss / n
       thr_mask = real & ThresholdMask(gates_gse, thresholds)
       agree = tf.cast(tf.equal(thr_mask, mask_gse), tf.float32)
-      stats.threshold_agreement = tf.reduce_sum(
+      metrics.threshold_agreement = tf.reduce_sum(
           agree * nonpad_gs[..., tf.newaxis]) / (n * p.num_experts)
     weight_gse = MaskedGates(gates_gse, mask_gse)
     out_routing = routing.MaskRouting(mask_gse, weight_gse, nonpad_gs,
                                       capacity)
     importance_e = tf.reduce_sum(weight_gse * nonpad_gs[..., tf.newaxis],
                                  axis=[0, 1])
-    importance_loss = p.w_importance * routing_metrics.CVSquared(importance_e)
-    stats.importance_loss = importance_loss
-    stats.importance_e = importance_e
-    stats.load_e = tf.reduce_sum(tf.cast(mask_gse, tf.float32), axis=[0, 1])
-    return out_routing, aux_loss + importance_loss, stats
+    importance_loss = p.aux_loss_weights.importance * routing_metrics.CVSquared(importance_e)
+    metrics.importance_loss = importance_loss
+    load_e = tf.reduce_sum(tf.cast(mask_gse, tf.float32), axis=[0, 1])
+    return (out_routing, aux_loss + importance_loss,
+            routing.GateStats(importance_e, load_e, metrics))

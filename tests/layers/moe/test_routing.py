@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingshard.layers import balanced_gating
-from lingshard.layers import hierarchical_moe
-from lingshard.layers import moe
-from lingshard.layers import noisy_gating
-from lingshard.layers import routing
+from lingshard.layers.moe import balanced
+from lingshard.layers.moe import hierarchical
+from lingshard.layers.moe import noisy_top_k
+from lingshard.layers.moe import routing
+from lingshard.layers.moe import top2
 
 B, T, M, E = 2, 12, 8, 4
 
@@ -17,12 +17,12 @@ def _Layers():
   common = dict(name='moe', input_dim=M, hidden_dim=8, num_experts=E,
                 num_groups=2, expert_capacity=3)
   return {
-      'top2': moe.MoELayer.Params().Set(second_expert_policy='random',
+      'top2': top2.MoELayer.Params().Set(second_expert_policy='random',
                                         **common),
-      'noisy': noisy_gating.NoisyTopKMoELayer.Params().Set(**common),
-      'hierarchical': hierarchical_moe.HierarchicalMoELayer.Params().Set(
+      'noisy': noisy_top_k.NoisyTopKMoELayer.Params().Set(**common),
+      'hierarchical': hierarchical.HierarchicalMoELayer.Params().Set(
           num_expert_groups=2, gating_kind='top2', **common),
-      'balanced': balanced_gating.BalancedMoELayer.Params().Set(**common),
+      'balanced': balanced.BalancedMoELayer.Params().Set(**common),
   }
 
 

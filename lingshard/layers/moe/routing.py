@@ -1,17 +1,57 @@
 """The routing type every MoE gate returns, and the token-choice helper.
 
 A gate (`MoEBase.Route`) returns `(routing, aux_loss, stats)`:
-`routing` is a `Routing` (below), `aux_loss` the layer's weighted float32
-auxiliary loss and `stats` a NestedMap of float32 routing statistics
-(e.g. Importance/Load vectors) that `routing_metrics` reports.
+`routing` is a `Routing` (below), `aux_loss` the layer's float32
+auxiliary loss, its terms weighted by the layer's `aux_loss_weights`, and
+`stats` a `GateStats` (below) that metrics.RoutingMetrics reports.
 
 Shapes: G groups, S tokens per group, K choices per token, E experts, C
 slots per (expert, group).
 """
 
+import math
 import typing
 
 import tensorflow as tf
+
+
+def ExpertCapacity(group_size, num_experts, capacity_factor=None,
+                   expert_capacity=None, top_k=2):
+  """Slots per (expert, group): explicit, or C = ceil(cf * k * S / E).
+
+  GShard §2.2 gives each group 2N/(G*E) = 2S/E slots per expert (k = 2).
+  """
+  if expert_capacity is not None:
+    if int(expert_capacity) < 1:
+      raise ValueError(f'expert_capacity must be >= 1, got {expert_capacity}')
+    return int(expert_capacity)
+  if capacity_factor is None or capacity_factor <= 0:
+    raise ValueError('set expert_capacity or a capacity_factor > 0, got '
+                     f'capacity_factor={capacity_factor}')
+  return max(1, int(math.ceil(capacity_factor * top_k * group_size /
+                              num_experts)))
+
+
+class GateStats(typing.NamedTuple):
+  """What every gate reports beside its Routing (metrics.py reads it).
+
+  importance_e: [E] float32 Importance (sum of gate values over real
+    tokens, Shazeer eq. 6) if the gate defines its own, else None (the
+    metrics compute it from the routing).
+  load_e: [E] float32 Load (tokens, or expected tokens under noise,
+    Shazeer eq. 10) if the gate defines its own, else None.
+  metrics: NestedMap of further float32 scalars by metric name: the
+    gate's loss terms (e.g. `group_aux` before its weight,
+    `importance_loss` after) and diagnostics (`threshold_agreement`).
+  """
+  importance_e: typing.Any = None
+  load_e: typing.Any = None
+  metrics: typing.Any = None
+
+  def Flatten(self):
+    """Every tensor reported, vectors first."""
+    out = [t for t in (self.importance_e, self.load_e) if t is not None]
+    return out + (self.metrics.Flatten() if self.metrics else [])
 
 
 class Routing(typing.NamedTuple):

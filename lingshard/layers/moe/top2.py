@@ -27,34 +27,18 @@ Deliberate conventions (documented because peers differ silently):
   averaged over groups that contain at least one real token. Perfectly
   uniform routing (f_e = m_e = 1/E) gives exactly 1.0; a gate collapsed on
   one expert gives up to E. The layer (moe.MoELayer) multiplies it by k,
-  its `aux_loss_weight`.
+  its `aux_loss_weights.group_aux`.
 """
-
-import math
 
 import tensorflow as tf
 
-from lingshard.layers import routing
+from lingshard.layers import base_layer
+from lingshard.layers.moe import base as moe_base
+from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers.moe import routing
 from lingshard.nested_map import NestedMap
 
 SECOND_EXPERT_POLICIES = ('all', 'random', 'sampling')
-
-
-def ExpertCapacity(group_size, num_experts, capacity_factor=None,
-                   expert_capacity=None, top_k=2):
-  """Slots per (expert, group): explicit, or C = ceil(cf * k * S / E).
-
-  GShard §2.2 gives each group 2N/(G*E) = 2S/E slots per expert (k = 2).
-  """
-  if expert_capacity is not None:
-    if int(expert_capacity) < 1:
-      raise ValueError(f'expert_capacity must be >= 1, got {expert_capacity}')
-    return int(expert_capacity)
-  if capacity_factor is None or capacity_factor <= 0:
-    raise ValueError('set expert_capacity or a capacity_factor > 0, got '
-                     f'capacity_factor={capacity_factor}')
-  return max(1, int(math.ceil(capacity_factor * top_k * group_size /
-                              num_experts)))
 
 
 def TakeByIndex(values_xe, index_xk):
@@ -161,3 +145,77 @@ def Top2Gating(logits_gse, nonpad_gs, capacity, second_expert_policy='all',
   aux, f_ge, m_ge = GroupAuxLoss(  # Line 13.
       gates_gse, expert_gsk[..., 0], nonpad_gs)
   return out, aux, NestedMap(gates_gse=gates_gse, f_ge=f_ge, m_ge=m_ge)
+
+
+class MoELayer(moe_base.MoEBase):
+  """GShard top-2 MoE FFN (§2.2, Algorithm 1 gating; see py).
+
+  aux.aux_loss = k * aux with k = `aux_loss_weights.group_aux` and aux = E^2 * mean_e
+  (c_e/S) m_e averaged over groups (1.0 for perfectly uniform routing;
+  py); metrics.group_aux is aux before the weight.
+  """
+
+  REPLICATED_WEIGHTS = {'wg': 2}
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('second_expert_policy', 'all', 'all | random (Algorithm 1 '
+             'line 19) | sampling (Gumbel-sampled second expert).')
+    p.Define('renormalize_after_drop', False, 'Renormalise the kept '
+             'weights of a token after drops (paper: False).')
+    p.Define('rejected_second_takes_slot', True, 'Algorithm 1 line 22 as '
+             'written: a second choice rejected by the random policy still '
+             'advances the expert counter.')
+    # GShard §2.2 writes L = nll + k * aux without a value for k; 0.01 is
+    # the M4 configs' value (lingshard/params/m4.py).
+    p.aux_loss_weights.Define('group_aux', 0.01, 'k of GShard §2.2: '
+                              'aux_loss = k * aux.')
+    p.weight_split_dims_mapping.Define('wg', None, 'Mapping of wg [M, E] '
+                                       '(replicated).')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    self.CheckOneOf('second_expert_policy', SECOND_EXPERT_POLICIES)
+    if p.num_experts_per_token not in (None, 2):
+      raise ValueError(f'{p.name}: GShard top-2 gating routes each token to '
+                       f'2 experts; num_experts_per_token must be None or 2, '
+                       f'got {p.num_experts_per_token}')
+    self.CreateVariable('wg', base_layer.WeightParams(
+        [p.input_dim, p.num_experts]))
+
+  @classmethod
+  def ForInference(cls, p):
+    """As MoEBase, and a `random` / `sampling` second-expert policy becomes
+    `all`: every token keeps its top-2 experts, as noisy gating drops its
+    noise at inference. Their draws are keyed by the token's index in the
+    batch (routing_rng), so a sentence would otherwise translate
+    differently with other batch neighbours, padding or beam layout."""
+    keys = super().ForInference(p)
+    p.second_expert_policy = 'all'
+    return keys + ['second_expert_policy']
+
+  def _TopK(self):
+    return 2
+
+  def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
+    """Gates in float32 (einsum `GSM,ME->GSE`), then Top2Gating."""
+    p = self.params
+    logits_gse = routing.GatingLogits(x_gsm, theta.wg)
+    uniform_gs = gumbel_gse = None
+    if p.second_expert_policy == 'random':
+      uniform_gs = routing_rng.TokenUniform(
+          self.layer_seed, routing_rng.STREAM_SECOND_EXPERT, step, token_gs)
+    elif p.second_expert_policy == 'sampling':
+      gumbel_gse = routing_rng.TokenGumbel(
+          self.layer_seed, routing_rng.STREAM_GUMBEL, step, token_gs,
+          p.num_experts)
+    out_routing, aux, _ = Top2Gating(
+        logits_gse, nonpad_gs, capacity, p.second_expert_policy,
+        uniform_gs=uniform_gs, gumbel_gse=gumbel_gse,
+        renormalize_after_drop=p.renormalize_after_drop,
+        rejected_second_takes_slot=p.rejected_second_takes_slot)
+    return (out_routing, p.aux_loss_weights.group_aux * aux,
+            routing.GateStats(metrics=NestedMap(group_aux=aux)))

@@ -3,11 +3,10 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-
-from lingshard.layers import gating
-from lingshard.layers import moe
-from lingshard.layers import moe_dispatch
-from lingshard.layers import routing_rng
+from lingshard.layers.moe import dispatch as moe_dispatch
+from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers.moe import routing
+from lingshard.layers.moe import top2
 
 
 def _Softmax(x):
@@ -81,7 +80,7 @@ def _Inputs(g=3, s=40, e=5, seed=0, pad_frac=0.2, skew=1.5):
 
 def _Run(logits, nonpad, capacity, **kw):
   """(routing, aux, combine, dispatch) of Top2Gating."""
-  r, aux, _ = gating.Top2Gating(tf.constant(logits), tf.constant(nonpad),
+  r, aux, _ = top2.Top2Gating(tf.constant(logits), tf.constant(nonpad),
                                 capacity, **kw)
   e = logits.shape[-1]
   combine = moe_dispatch.CombineWeightsGSEC(r, e, capacity).numpy()
@@ -185,27 +184,27 @@ def test_aux_loss_gradient_reaches_logits():
   logits = tf.constant(_Inputs()[0])
   with tf.GradientTape() as tape:
     tape.watch(logits)
-    r, aux, _ = gating.Top2Gating(logits, tf.ones(logits.shape[:2]), 4)
+    r, aux, _ = top2.Top2Gating(logits, tf.ones(logits.shape[:2]), 4)
     loss = aux + tf.reduce_sum(r.weight_gsk)
   grad = tape.gradient(loss, logits).numpy()
   assert np.abs(grad).max() > 1e-4
 
 
 def test_expert_capacity():
-  assert gating.ExpertCapacity(1024, 16, 1.0) == 128          # 2S/E
-  assert gating.ExpertCapacity(1000, 16, 1.0) == 125
-  assert gating.ExpertCapacity(1000, 16, 1.25) == 157         # ceil(156.25)
-  assert gating.ExpertCapacity(1024, 16, 2.0, expert_capacity=7) == 7
-  assert gating.ExpertCapacity(10, 64, 0.5, top_k=1) == 1
+  assert routing.ExpertCapacity(1024, 16, 1.0) == 128          # 2S/E
+  assert routing.ExpertCapacity(1000, 16, 1.0) == 125
+  assert routing.ExpertCapacity(1000, 16, 1.25) == 157         # ceil(156.25)
+  assert routing.ExpertCapacity(1024, 16, 2.0, expert_capacity=7) == 7
+  assert routing.ExpertCapacity(10, 64, 0.5, top_k=1) == 1
   with pytest.raises(ValueError, match='set expert_capacity or a '
                      'capacity_factor > 0'):
-    gating.ExpertCapacity(10, 4, 0.0)
+    routing.ExpertCapacity(10, 4, 0.0)
 
 
 def test_bad_policy_message():
   with pytest.raises(ValueError, match="second_expert_policy must be one of "
                      r"\('all', 'random', 'sampling'\), got 'best'"):
-    gating.Top2Gating(tf.zeros([1, 2, 3]), tf.ones([1, 2]), 2, 'best')
+    top2.Top2Gating(tf.zeros([1, 2, 3]), tf.ones([1, 2]), 2, 'best')
 
 
 def test_sampling_policy_draws_second_expert_from_remaining_gates():
@@ -214,7 +213,7 @@ def test_sampling_policy_draws_second_expert_from_remaining_gates():
   logits = np.tile(np.array([[2.0, 1.0, 0.5, -0.5]], np.float32), [n, 1])
   gumbel = routing_rng.TokenGumbel(5, routing_rng.STREAM_GUMBEL, 0,
                                    tf.range(n, dtype=tf.int64), 4)
-  r, _, _ = gating.Top2Gating(tf.constant(logits[None]), tf.ones([1, n]), n,
+  r, _, _ = top2.Top2Gating(tf.constant(logits[None]), tf.ones([1, n]), n,
                               'sampling', gumbel_gse=gumbel[None])
   e2 = r.expert_gsk.numpy()[0, :, 1]
   g = _Softmax(logits[0])
@@ -228,11 +227,11 @@ def test_layer_routing_matches_algorithm1_with_the_layers_draws():
   """The MoE layer's routing = Algorithm 1 on x.wg with rnd = the layer's
   counter-based uniform draws (routing_rng, keyed by global token index)."""
   b, t, m, e = 3, 16, 8, 4
-  p = moe.MoELayer.Params().Set(name='moe', input_dim=m, hidden_dim=8,
+  p = top2.MoELayer.Params().Set(name='moe', input_dim=m, hidden_dim=8,
                                 num_experts=e, num_groups=2,
                                 expert_capacity=5,
                                 second_expert_policy='random',
-                                aux_loss_weight=1.0)
+                                **{'aux_loss_weights.group_aux': 1.0})
   layer = p.Instantiate()
   rng = np.random.RandomState(4)
   x = rng.normal(size=[b, t, m]).astype(np.float32)

@@ -13,12 +13,15 @@ contract of ffn.py (the dense FFN's too):
   [B, T] float (1.0 = pad). Returns outputs [B, T, M] (padding rows are 0)
   and aux = NestedMap(aux_loss=float32 scalar, metrics=NestedMap of float32
   scalars/vectors; see routing_metrics). aux_loss is already weighted by the
-  layer's own coefficients (MoELayer: aux_loss_weight; noisy/hierarchical:
-  w_importance, w_load; balanced: w_batchwise, w_importance): the task adds
+  layer's own `aux_loss_weights` (top2: group_aux; noisy/hierarchical:
+  importance, load; balanced: batchwise, importance): the task adds
   it to its loss as is.
-- A gate (`Route`) returns (routing.Routing, weighted aux_loss, stats):
-  stats is a NestedMap of float32 tensors; its optional `importance_e` /
-  `load_e` [E] feed routing_metrics, the rest become metrics as named.
+- A gate (`Route`) returns (routing.Routing, aux_loss, routing.GateStats):
+  the aux loss is the sum of the gate's balancing-loss terms, each times
+  its weight in `p.aux_loss_weights` (the one place a term's weight lives:
+  one documented field per term, defined by the gate class; 0 drops the
+  term); GateStats' optional `importance_e` / `load_e` [E] feed
+  metrics.RoutingMetrics, its `metrics` become metrics as named.
 - The B*T tokens, row-major, are cut into G groups of S tokens (`num_groups`
   or `group_size`); capacity is per (expert, group).
 - `step` (None = 0) and `token_offset` (global index of the first token of
@@ -44,14 +47,14 @@ spmd_check with 'tpu'); a layer built directly applies it for this host
 import numpy as np
 import tensorflow as tf
 
+from lingshard import hyperparams
 from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
-from lingshard.layers import gating
 from lingshard.layers import linear
-from lingshard.layers import moe_dispatch
-from lingshard.layers import routing
-from lingshard.layers import routing_metrics
-from lingshard.layers import routing_rng
+from lingshard.layers.moe import dispatch as moe_dispatch
+from lingshard.layers.moe import routing
+from lingshard.layers.moe import metrics as routing_metrics
+from lingshard.layers.moe import rng as routing_rng
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 
@@ -115,6 +118,16 @@ class MoEBase(base_layer.BaseLayer):
              "(Shazeer et al. App. C uses 'sigmoid').")
     p.Define('num_position_buckets', 4, 'Buckets of the position-in-group '
              'drop metric.')
+    p.Define('num_experts_per_token', None, 'k: experts each token is '
+             'routed to, for top-k gates (noisy top-k, strictly balanced: '
+             'default 2; validated 1 <= k <= E by CheckExpertsPerToken); '
+             'None for gates whose k is fixed (GShard top-2: 2; '
+             'hierarchical: k_primary x k_secondary).')
+    p.Define('aux_loss_weights', hyperparams.Params(), 'The weight of each '
+             'balancing-loss term of the gate: one documented field per '
+             'term, defined by the gate class (e.g. group_aux, importance, '
+             'load, batchwise); aux_loss = sum of weight x term, 0 drops a '
+             'term.')
     for name, doc in (('wi', 'wi [E, M, H]'), ('wo', 'wo [E, H, M]'),
                       ('bi', 'bi [E, H]'), ('bo', 'bo [E, M]')):
       p.weight_split_dims_mapping.Define(name, None, f'Mapping of {doc}.')
@@ -234,7 +247,7 @@ class MoEBase(base_layer.BaseLayer):
     cf = p.eval_capacity_factor if p.is_inference else p.capacity_factor
     if cf is None and p.expert_capacity is None:
       return group_size
-    return gating.ExpertCapacity(group_size, p.num_experts, cf,
+    return routing.ExpertCapacity(group_size, p.num_experts, cf,
                                  p.expert_capacity, self._TopK())
 
   # --------------------------------------------------------------- experts
@@ -340,15 +353,12 @@ class MoEBase(base_layer.BaseLayer):
     p = self.params
     gate_out, aux_loss, stats = self.Route(theta, x_gsm, nonpad_gs, token_gs,
                                            step, capacity)
-    stats = stats.copy()
     metrics = routing_metrics.RoutingMetrics(
-        gate_out, nonpad_gs, p.num_experts,
-        importance_e=stats.pop('importance_e', None),
-        load_e=stats.pop('load_e', None),
-        num_position_buckets=p.num_position_buckets)
+        gate_out, nonpad_gs, p.num_experts, importance_e=stats.importance_e,
+        load_e=stats.load_e, num_position_buckets=p.num_position_buckets)
     metrics.aux_loss = aux_loss
     metrics.capacity = tf.constant(float(capacity))
-    for key, value in stats.items():
+    for key, value in (stats.metrics or NestedMap()).items():
       metrics[key] = tf.cast(value, tf.float32)
     return gate_out, aux_loss, metrics
 
@@ -375,71 +385,3 @@ class MoEBase(base_layer.BaseLayer):
           ..., tf.newaxis]
     outputs = tf.reshape(out_gsm, [b, t, m])
     return outputs, NestedMap(aux_loss=aux_loss, metrics=metrics)
-
-
-class MoELayer(MoEBase):
-  """GShard top-2 MoE FFN (§2.2, Algorithm 1 gating; see gating.py).
-
-  aux.aux_loss = k * aux with k = `aux_loss_weight` and aux = E^2 * mean_e
-  (c_e/S) m_e averaged over groups (1.0 for perfectly uniform routing;
-  gating.py); metrics.group_aux is aux before the weight.
-  """
-
-  REPLICATED_WEIGHTS = {'wg': 2}
-
-  @classmethod
-  def Params(cls):
-    p = super().Params()
-    p.Define('second_expert_policy', 'all', 'all | random (Algorithm 1 '
-             'line 19) | sampling (Gumbel-sampled second expert).')
-    p.Define('renormalize_after_drop', False, 'Renormalise the kept '
-             'weights of a token after drops (paper: False).')
-    p.Define('rejected_second_takes_slot', True, 'Algorithm 1 line 22 as '
-             'written: a second choice rejected by the random policy still '
-             'advances the expert counter.')
-    # GShard §2.2 writes L = nll + k * aux without a value for k; 0.01 is
-    # the M4 configs' value (lingshard/params/m4.py).
-    p.Define('aux_loss_weight', 0.01, 'k of GShard §2.2: aux_loss = k * aux.')
-    p.weight_split_dims_mapping.Define('wg', None, 'Mapping of wg [M, E] '
-                                       '(replicated).')
-    return p
-
-  def __init__(self, params):
-    super().__init__(params)
-    p = self.params
-    self.CheckOneOf('second_expert_policy', gating.SECOND_EXPERT_POLICIES)
-    self.CreateVariable('wg', base_layer.WeightParams(
-        [p.input_dim, p.num_experts]))
-
-  @classmethod
-  def ForInference(cls, p):
-    """As MoEBase, and a `random` / `sampling` second-expert policy becomes
-    `all`: every token keeps its top-2 experts, as noisy gating drops its
-    noise at inference. Their draws are keyed by the token's index in the
-    batch (routing_rng), so a sentence would otherwise translate
-    differently with other batch neighbours, padding or beam layout."""
-    keys = super().ForInference(p)
-    p.second_expert_policy = 'all'
-    return keys + ['second_expert_policy']
-
-  def _TopK(self):
-    return 2
-
-  def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
-    """Gates in float32 (einsum `GSM,ME->GSE`), then Top2Gating."""
-    p = self.params
-    logits_gse = routing.GatingLogits(x_gsm, theta.wg)
-    uniform_gs = gumbel_gse = None
-    if p.second_expert_policy == 'random':
-      uniform_gs = routing_rng.TokenUniform(
-          self.layer_seed, routing_rng.STREAM_SECOND_EXPERT, step, token_gs)
-    elif p.second_expert_policy == 'sampling':
-      gumbel_gse = routing_rng.TokenGumbel(
-          self.layer_seed, routing_rng.STREAM_GUMBEL, step, token_gs,
-          p.num_experts)
-    out_routing, aux, _ = gating.Top2Gating(
-        logits_gse, nonpad_gs, capacity, p.second_expert_policy,
-        uniform_gs=uniform_gs, gumbel_gse=gumbel_gse,
-        renormalize_after_drop=p.renormalize_after_drop,
-        rejected_second_takes_slot=p.rejected_second_takes_slot)
-    return out_routing, p.aux_loss_weight * aux, NestedMap(group_aux=aux)

@@ -3,7 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
-from lingshard.layers import routing_rng as rr
+from lingshard.layers.moe import rng as rr
 
 
 def _U(idx, seed=7, stream=rr.STREAM_SECOND_EXPERT, step=3, num_sub=None):

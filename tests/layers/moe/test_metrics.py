@@ -3,8 +3,8 @@
 import numpy as np
 import tensorflow as tf
 
-from lingshard.layers import routing
-from lingshard.layers import routing_metrics
+from lingshard.layers.moe import routing
+from lingshard.layers.moe import metrics as routing_metrics
 
 
 def _Routing(seed=0, g=2, s=16, e=4):

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from lingshard.layers import hierarchical_moe
-from lingshard.layers import routing_rng
+from lingshard.layers.moe import hierarchical
+from lingshard.layers.moe import rng as routing_rng
 
 _Phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
 B, T, M, H, A, BB = 2, 24, 6, 8, 3, 4   # a = 3 groups of b = 4 experts.
@@ -48,7 +48,7 @@ def _CV2(v):
 
 
 def _Layer(kind, **kw):
-  p = hierarchical_moe.HierarchicalMoELayer.Params().Set(
+  p = hierarchical.HierarchicalMoELayer.Params().Set(
       name='hmoe', input_dim=M, hidden_dim=H, num_experts=A * BB,
       num_expert_groups=A, num_groups=2, gating_kind=kind)
   p.Set(**kw)
@@ -131,8 +131,8 @@ def _Reference(layer, x, pad, step):
                                         ('noisy_top_k', 1, 3),
                                         ('top2', 2, 2)])
 def test_importance_load_output_match_eqs_12_to_14(kind, k1, k2):
-  layer = _Layer(kind, k_primary=k1, k_secondary=k2, w_importance=0.2,
-                 w_load=0.3)
+  layer = _Layer(kind, k_primary=k1, k_secondary=k2, **{
+      'aux_loss_weights.importance': 0.2, 'aux_loss_weights.load': 0.3})
   x, pad = _Batch()
   importance, load, y = _Reference(layer, x, pad, step=7)
   out, aux = layer.FProp(layer.theta, tf.constant(x), tf.constant(pad),
@@ -154,7 +154,7 @@ def test_importance_load_output_match_eqs_12_to_14(kind, k1, k2):
 
 
 def test_top2_kind_aux_is_primary_plus_mean_secondary_gshard_aux():
-  layer = _Layer('top2', aux_loss_weight=1.0)
+  layer = _Layer('top2', **{'aux_loss_weights.group_aux': 1.0})
   x, pad = _Batch(seed=1)
   _, aux = layer.FProp(layer.theta, tf.constant(x), tf.constant(pad))
   th = layer.theta

@@ -21,33 +21,33 @@ with X^(i) the tokens whose G_primary(x)_i > 0.
   w_importance * CV(Importance_H)^2 + w_load * CV(Load_H)^2.
 - 'top2': both levels are GShard top-2 gates (softmax, top-2, normalised by
   g1 + g2; policy 'all'); Load is the number of tokens choosing each expert
-  (so Load_H_ij = Load_i(X^(i))_j); aux_loss = aux_loss_weight * (the
+  (so Load_H_ij = Load_i(X^(i))_j); aux_loss = aux_loss_weights.group_aux * (the
   GShard aux of the primary gate + the mean over (group g, expert group i)
   of the GShard aux of gate i over X^(i)) (each E^2-scaled: 1.0 when
   uniform, so 2.0 before the weight).
 
-aux_loss is weighted here (w_importance, w_load, aux_loss_weight): the task
+aux_loss is weighted here (aux_loss_weights: importance, load, group_aux): the task
 adds it as is.
 """
 
 import tensorflow as tf
 
 from lingshard.layers import base_layer
-from lingshard.layers import gating
-from lingshard.layers import moe
-from lingshard.layers import noisy_gating
-from lingshard.layers import routing
-from lingshard.layers import routing_metrics
-from lingshard.layers import routing_rng
+from lingshard.layers.moe import noisy_top_k
+from lingshard.layers.moe import routing
+from lingshard.layers.moe import metrics as routing_metrics
+from lingshard.layers.moe import rng as routing_rng
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
+from lingshard.layers.moe import base as moe_base
+from lingshard.layers.moe import top2
 
 GATING_KINDS = ('noisy_top_k', 'top2')
 
 
 def HierarchicalImportance(gates_p_gsa, gates_s_gsab, nonpad_gs):
   """Eq. (13): [a, b]."""
-  return noisy_gating.SumOverTokens(
+  return noisy_top_k.SumOverTokens(
       gates_p_gsa[..., tf.newaxis] * gates_s_gsab, nonpad_gs)
 
 
@@ -66,7 +66,7 @@ def _DenseGates(expert_xk, gate_xk, num):
                    tf.one_hot(expert_xk, num, dtype=tf.float32))
 
 
-class HierarchicalMoELayer(moe.MoEBase):
+class HierarchicalMoELayer(moe_base.MoEBase):
   """Hierarchical MoE with a primary gate over groups of experts (App. B)."""
 
   REPLICATED_WEIGHTS = {'wg_primary': 2, 'wg_secondary': 3,
@@ -84,10 +84,12 @@ class HierarchicalMoELayer(moe.MoEBase):
     p.Define('k_secondary', 2, 'Experts kept per group (noisy_top_k).')
     p.Define('noisy_gating', True, 'Add eq. (4) noise in training.')
     p.Define('noise_epsilon', 0.0, 'Added to the noise stddev.')
-    p.Define('w_importance', 0.1, 'w_importance (eq. 7) of Importance_H.')
-    p.Define('w_load', 0.1, 'w_load (eq. 11) of Load_H.')
-    p.Define('aux_loss_weight', 0.01, "gating_kind 'top2': k of GShard §2.2 "
-             "(L = nll + k * aux); as moe.MoELayer's.")
+    p.aux_loss_weights.Define('importance', 0.1, 'w_importance (eq. 7) of '
+                              'Importance_H.')
+    p.aux_loss_weights.Define('load', 0.1, 'w_load (eq. 11) of Load_H.')
+    p.aux_loss_weights.Define('group_aux', 0.01, "gating_kind 'top2': k of "
+                              'GShard §2.2 (L = nll + k * aux); as '
+                              "top2.MoELayer's.")
     for name, doc in (('wg_primary', '[M, a]'), ('wg_secondary', '[a, M, b]'),
                       ('w_noise_primary', '[M, a]'),
                       ('w_noise_secondary', '[a, M, b]')):
@@ -142,8 +144,8 @@ class HierarchicalMoELayer(moe.MoEBase):
     clean_s = tf.einsum('gsm,amb->gsab', x, _F32(theta.wg_secondary))
     out = NestedMap()
     if p.gating_kind == 'top2':
-      gates_p, out.expert_p, out.gate_p, _ = gating.Top2Choices(clean_p)
-      gates_s, out.expert_s_gsak, out.gate_s_gsak, _ = gating.Top2Choices(
+      gates_p, out.expert_p, out.gate_p, _ = top2.Top2Choices(clean_p)
+      gates_s, out.expert_s_gsak, out.gate_s_gsak, _ = top2.Top2Choices(
           clean_s)
       out.gates_p_gsa = _DenseGates(out.expert_p, out.gate_p, a)
       out.gates_s_gsab = _DenseGates(out.expert_s_gsak, out.gate_s_gsak, b)
@@ -163,8 +165,8 @@ class HierarchicalMoELayer(moe.MoEBase):
         normal_s = tf.reshape(routing_rng.TokenNormal(
             self.layer_seed, routing_rng.STREAM_NOISE_SECONDARY, step,
             token_gs, a * b), tf.shape(clean_s))
-      prim = noisy_gating.NoisyTopK(clean_p, k1, std_p, normal_p)
-      sec = noisy_gating.NoisyTopK(clean_s, k2, std_s, normal_s)
+      prim = noisy_top_k.NoisyTopK(clean_p, k1, std_p, normal_p)
+      sec = noisy_top_k.NoisyTopK(clean_s, k2, std_s, normal_s)
       out.expert_p, out.gate_p = prim.expert_xk, prim.gate_xk
       out.expert_s_gsak, out.gate_s_gsak = sec.expert_xk, sec.gate_xk
       out.gates_p_gsa, out.gates_s_gsab = prim.gates_xe, sec.gates_xe
@@ -172,18 +174,18 @@ class HierarchicalMoELayer(moe.MoEBase):
                                                   tf.float32)
       prob_s = sec.prob_xe if noisy else tf.cast(sec.gates_xe > 0, tf.float32)
     selected_gsa = tf.cast(out.gates_p_gsa > 0, tf.float32)  # x in X^(i).
-    out.load_p_a = noisy_gating.SumOverTokens(prob_p, nonpad_gs)
-    out.load_s_ab = noisy_gating.SumOverTokens(
+    out.load_p_a = noisy_top_k.SumOverTokens(prob_p, nonpad_gs)
+    out.load_s_ab = noisy_top_k.SumOverTokens(
         selected_gsa[..., tf.newaxis] * prob_s, nonpad_gs)
-    out.count_a = noisy_gating.SumOverTokens(selected_gsa, nonpad_gs)
+    out.count_a = noisy_top_k.SumOverTokens(selected_gsa, nonpad_gs)
     out.importance_ab = HierarchicalImportance(out.gates_p_gsa,
                                                out.gates_s_gsab, nonpad_gs)
     out.load_ab = HierarchicalLoad(out.load_p_a, out.load_s_ab, out.count_a)
-    out.importance_loss = p.w_importance * routing_metrics.CVSquared(
+    out.importance_loss = p.aux_loss_weights.importance * routing_metrics.CVSquared(
         out.importance_ab)
-    out.load_loss = p.w_load * routing_metrics.CVSquared(out.load_ab)
+    out.load_loss = p.aux_loss_weights.load * routing_metrics.CVSquared(out.load_ab)
     if p.gating_kind == 'top2':
-      aux_p, _, _ = gating.GroupAuxLoss(gates_p, out.expert_p[..., 0],
+      aux_p, _, _ = top2.GroupAuxLoss(gates_p, out.expert_p[..., 0],
                                         nonpad_gs)
       s = x.shape[1]
       gates_s_ias = tf.reshape(tf.transpose(gates_s, [0, 2, 1, 3]),
@@ -192,8 +194,8 @@ class HierarchicalMoELayer(moe.MoEBase):
                            [-1, s])
       nonpad_is = tf.reshape(tf.transpose(
           selected_gsa * nonpad_gs[..., tf.newaxis], [0, 2, 1]), [-1, s])
-      aux_s, _, _ = gating.GroupAuxLoss(gates_s_ias, first_s, nonpad_is)
-      out.aux_loss = p.aux_loss_weight * (aux_p + aux_s)
+      aux_s, _, _ = top2.GroupAuxLoss(gates_s_ias, first_s, nonpad_is)
+      out.aux_loss = p.aux_loss_weights.group_aux * (aux_p + aux_s)
     elif p.noisy_gating and not p.is_inference:
       out.aux_loss = out.importance_loss + out.load_loss
     else:
@@ -217,8 +219,8 @@ class HierarchicalMoELayer(moe.MoEBase):
     out_routing = routing.TokenChoiceRouting(
         tf.concat(experts, axis=-1), tf.concat(gates, axis=-1), nonpad_gs,
         capacity, p.num_experts)
-    stats = NestedMap(importance_e=tf.reshape(out.importance_ab, [-1]),
-                      load_e=tf.reshape(out.load_ab, [-1]),
-                      importance_loss=out.importance_loss,
-                      load_loss=out.load_loss)
+    stats = routing.GateStats(
+        tf.reshape(out.importance_ab, [-1]), tf.reshape(out.load_ab, [-1]),
+        NestedMap(importance_loss=out.importance_loss,
+                  load_loss=out.load_loss))
     return out_routing, out.aux_loss, stats

@@ -1,0 +1,17 @@
+"""The MoE family (GShard §2, Shazeer et al. 2017): one package.
+
+  base.py          MoEBase: grouping, expert FFNs, dispatch/combine, the FFN
+                   contract, `aux_loss_weights` and platform/inference hooks
+  routing.py       the one `Routing` type, token-choice / mask routing,
+                   expert capacity, `GateStats` (what every gate reports)
+  dispatch.py      GShard Algorithm 2 einsums and the index-based gather
+  metrics.py       routing metrics (load, importance, drops, CV)
+  rng.py           counter-based routing randomness (layout-invariant)
+  top2.py          GShard top-2 gating and `MoELayer`
+  noisy_top_k.py   Shazeer noisy top-k gating and `NoisyTopKMoELayer`
+  balanced.py      strictly balanced gating (Shazeer App. F)
+  hierarchical.py  hierarchical MoE (Shazeer App. B) over the gates above
+
+Import the module you need (`from lingshard.layers.moe import top2`); this
+file imports nothing, so low-level users (dropout's use of rng) stay cheap.
+"""
