@@ -36,7 +36,7 @@ from lingshard.layers.moe import rng as routing_rng
 
 # (layer_index, example_offset, example_stride) of KeyedMasks, or None.
 _MASK_KEY = contextvars.ContextVar('lingshard_dropout_key', default=None)
-_STREAM_DROPOUT = 5  # After routing_rng's STREAM_* ids.
+_STREAM_DROPOUT = 5  # After layers/moe/rng.py's STREAM_* ids.
 _LAYER_SHIFT = 2**40  # Element counter bits below the layer index.
 
 

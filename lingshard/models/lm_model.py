@@ -117,7 +117,7 @@ class LMTask(base_model.BaseTask):
       x = Residual(x, layer.FProp(layer_theta, x, paddings_bt))
     moe_aux = NestedMap()
     if self.params.moe_tpl is not None:
-      # Routing noise is keyed by global word index (routing_rng).
+      # Routing noise is keyed by global word index (layers/moe/rng.py).
       token_offset = tf.cast(example_offset, tf.int64) * tf.shape(
           x, out_type=tf.int64)[1]
       y, moe_aux = self.moe.FProp(theta.moe, x, paddings_bt, step=step,

@@ -214,7 +214,7 @@ class TransformerMTModel(base_model.BaseTask):
       example_offset: global index of the batch's first example (a replica's
         share of a global batch starts at replica id x its batch): each
         stack's MoE layers key routing randomness by global token index,
-        offset = example_offset x that stack's length (routing_rng), and
+        offset = example_offset x that stack's length (layers/moe/rng.py), and
         dropout masks by global example (dropout.KeyedMasks).
       **kwargs: ignored.
     """
@@ -394,7 +394,7 @@ class TransformerMTModel(base_model.BaseTask):
     A GShard `random` (or `sampling`) second-expert policy becomes `all`:
     every token keeps its top-2 experts, as noisy gating drops its noise at
     inference. Their draws are keyed by the token's index in the batch
-    (routing_rng), so a sentence would otherwise translate differently
+    (layers/moe/rng.py), so a sentence would otherwise translate differently
     with other batch neighbours, padding or beam layout (decode vs export).
     """
     p = super().InferenceParams(task_params)

@@ -193,7 +193,7 @@ class MoE2048E60L(_GShardMoE):
 
   The paper trained it with bfloat16 activations (§4.1): float32 weights
   (cast per use), bfloat16 matmuls and activations; gating softmax, aux
-  loss and the loss stay float32 (Algorithm 1; gating.py, softmax.py).
+  loss and the loss stay float32 (Algorithm 1; layers/moe/top2.py, softmax.py).
   """
   NUM_EXPERTS, NUM_LAYERS = 2048, 60
 

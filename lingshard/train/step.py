@@ -180,7 +180,7 @@ def ExampleOffset(batch):
 
   strategies.DistributeBatch gives replica r rows [r b, (r + 1) b) of the
   global batch, so r b; 0 with one replica. Tasks key routing randomness by
-  global token (routing_rng), so replicas route as one device would.
+  global token (layers/moe/rng.py), so replicas route as one device would.
   """
   ctx = tf.distribute.get_replica_context()
   if ctx is None or ctx.num_replicas_in_sync == 1:

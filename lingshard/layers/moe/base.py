@@ -12,7 +12,7 @@ contract of ffn.py (the dense FFN's too):
 - inputs [B, T, M] (any float dtype; computed in fprop_dtype), paddings
   [B, T] float (1.0 = pad). Returns outputs [B, T, M] (padding rows are 0)
   and aux = NestedMap(aux_loss=float32 scalar, metrics=NestedMap of float32
-  scalars/vectors; see routing_metrics). aux_loss is already weighted by the
+  scalars/vectors; see metrics.py). aux_loss is already weighted by the
   layer's own `aux_loss_weights` (top2: group_aux; noisy/hierarchical:
   importance, load; balanced: batchwise, importance): the task adds
   it to its loss as is.
@@ -27,7 +27,7 @@ contract of ffn.py (the dense FFN's too):
 - `step` (None = 0) and `token_offset` (global index of the first token of
   this batch, e.g. micro-batch i of n gets i*B*T) key the counter-based
   routing RNG, so random routing decisions do not depend on grouping,
-  sharding or micro-batching (routing_rng).
+  sharding or micro-batching (layers/moe/rng.py).
 
 Expert weights wi [E, M, H], wo [E, H, M], optional biases bi [E, H],
 bo [E, M]; activation (relu default) and dropout on the hidden activations.

@@ -17,7 +17,7 @@ with X^(i) the tokens whose G_primary(x)_i > 0.
 
 `gating_kind`:
 - 'noisy_top_k' (App. B as written): both levels are noisy top-k gates
-  (noisy_gating); Load is the smooth estimator of App. A; aux_loss =
+  (noisy_top_k); Load is the smooth estimator of App. A; aux_loss =
   w_importance * CV(Importance_H)^2 + w_load * CV(Load_H)^2.
 - 'top2': both levels are GShard top-2 gates (softmax, top-2, normalised by
   g1 + g2; policy 'all'); Load is the number of tokens choosing each expert

@@ -11,7 +11,7 @@ else the k-th largest. Wg and Wnoise start at zero (App. A, "Initial Load
 Imbalance"). Noise is added in training only; at inference G uses x Wg and
 Load falls back to the count of tokens per expert. Sums run over real
 (non-padding) tokens of the whole batch. The StandardNormal() draws come from
-the counter-based routing RNG (routing_rng), one per (token, expert).
+the counter-based routing RNG (layers/moe/rng.py), one per (token, expert).
 
 The layer (`NoisyTopKMoELayer`) dispatches each token to its k experts with
 the shared dispatch code. Shazeer et al. never drop tokens: the default

@@ -191,7 +191,7 @@ class MoELayer(moe_base.MoEBase):
     """As MoEBase, and a `random` / `sampling` second-expert policy becomes
     `all`: every token keeps its top-2 experts, as noisy gating drops its
     noise at inference. Their draws are keyed by the token's index in the
-    batch (routing_rng), so a sentence would otherwise translate
+    batch (layers/moe/rng.py), so a sentence would otherwise translate
     differently with other batch neighbours, padding or beam layout."""
     keys = super().ForInference(p)
     p.second_expert_policy = 'all'
