@@ -370,6 +370,23 @@ def RunGroup(tmp_path_factory, group, snippets=False):
   return results
 
 
+def GroupTests(group, snippets=False):
+  """(the module fixture `ran`, `test_readme_command`) of a group's test
+  module: `ran, test_readme_command = readme_checks.GroupTests(GROUP)`."""
+
+  @pytest.fixture(scope='module', name='ran')
+  def Ran_(tmp_path_factory):
+    return RunGroup(tmp_path_factory, group, snippets)
+
+  commands = GroupCommands(group)
+
+  @pytest.mark.parametrize('command', commands, ids=Ids(commands))
+  def test_readme_command(ran, command):
+    AssertCommand(ran, command)
+
+  return Ran_, test_readme_command
+
+
 def AssertCommand(ran, command):
   """`command` ran in its group with exit 0 and passes its check."""
   assert command.key in CHECKS, (

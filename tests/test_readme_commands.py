@@ -29,9 +29,7 @@ COMMANDS = rc.COMMANDS
 GROUP = 'mt'
 
 
-@pytest.fixture(scope='module')
-def ran(tmp_path_factory):
-  return rc.RunGroup(tmp_path_factory, GROUP, snippets=True)
+ran, test_readme_command = rc.GroupTests(GROUP, snippets=True)
 
 
 def test_readme_has_every_checked_command():
@@ -56,12 +54,6 @@ def test_readme_python_snippet(ran):
   (r,) = [r for r in ran.values() if r.command.section == rc.SNIPPET_KEY]
   assert r.proc.returncode == 0, r.Why()
   rc.CheckSnippet(r)
-
-
-@pytest.mark.parametrize('command', rc.GroupCommands(GROUP),
-                         ids=rc.Ids(rc.GroupCommands(GROUP)))
-def test_readme_command(ran, command):
-  rc.AssertCommand(ran, command)
 
 
 # --------------------------------------------------------- no prepared data
