@@ -24,15 +24,20 @@ def test_registered_configs_pass_on_their_mesh(key):
   assert task.params.name == params.task.name
 
 
-def test_paper_configs_batch_and_groups():
-  """GShard Table 3: 4M tokens per step; 2048 groups of 2048 tokens."""
-  for key in ('m4.MoE128E12L', 'm4.MoE512E36L', 'm4.MoE2048E60L'):
-    params = model_registry.GetParams(key, 'Train')
-    inp = params.input
-    tokens = [b * t for b, t in zip(inp.bucket_batch_limits,
-                                    inp.bucket_upper_bounds)]
-    assert tokens == [4 * 2**20] * 3
-    assert params.task.moe_tpl.num_groups == 2048
+@pytest.mark.parametrize('key,tokens', [
+    ('m4.MoE128E12L', 2**20), ('m4.MoE128E36L', 2**20),
+    ('m4.MoE512E12L', 2**20), ('m4.MoE512E36L', 2**20),
+    ('m4.MoE2048E12L', 4 * 2**20), ('m4.MoE2048E36L', 4 * 2**20),
+    ('m4.MoE2048E60L', 4 * 2**20), ('m4.DenseT96L', 4 * 2**20)])
+def test_paper_configs_batch_and_groups(key, tokens):
+  """GShard Table 3's batch: 4M tokens per step on 2048 cores (and T(96L)),
+  1M on 512 and 128 cores; groups of 2048 tokens in every config."""
+  params = model_registry.GetParams(key, 'Train')
+  inp = params.input
+  assert [b * t for b, t in zip(inp.bucket_batch_limits,
+                                inp.bucket_upper_bounds)] == [tokens] * 3
+  if params.task.moe_tpl is not None:
+    assert params.task.moe_tpl.num_groups * 2048 == tokens
     # Against the config's real replica count on a pod slice: one replica
     # spans the mesh (TPUStrategy + SPMD).
     config_check.Validate(params, num_replicas=1)

@@ -119,35 +119,48 @@ class M4Corpus(SingleTaskModelParams):
     return self._Input(splits.TEST_UNSEEN)
 
 
-# GShard Table 3: "Batch sz. (Tokens) 4M" per step on 2048 TPU v3 cores.
-# Three length buckets of 2^22 target tokens each (static shapes: one XLA
-# program per bucket on TPU).
+# GShard Table 3, "Batch sz. (Tokens)": 4M per step for the 2048-core
+# models and T(96L), 1M for the 512- and 128-core models. Three length
+# buckets of that many target tokens each (static shapes: one XLA program
+# per bucket on TPU).
 PAPER_BUCKET_UPPER_BOUNDS = [32, 64, 128]
-PAPER_BUCKET_BATCH_LIMITS = [2**22 // t for t in PAPER_BUCKET_UPPER_BOUNDS]
-# G = 2048 groups of S = 2048 tokens in every bucket: one group per core on
-# the 2048-core configs; on 128 / 512 cores, 16 / 4 groups per core, so a
-# group's [S, E, C] dispatch tensors (2 S^2 elements) stay those of the
-# 2048-core runs instead of growing 256x / 16x with one group per core.
-PAPER_NUM_GROUPS = 2048
+PAPER_TOKENS = {2048: 4 * 2**20, 512: 2**20, 128: 2**20}  # By cores.
+# Groups of S = 2048 tokens in every config (GShard §2.2's group size): 2048
+# groups at 4M tokens (one per core), 512 at 1M (one per core on 512, 4 per
+# core on 128), so a group's [S, E, C] dispatch tensors (2 S^2 elements) are
+# the same in every config instead of growing with tokens per core.
+PAPER_GROUP_SIZE = 2048
+
+
+def PaperBatch(tokens):
+  """bucket_batch_limits of `tokens` target tokens per bucket."""
+  return [tokens // t for t in PAPER_BUCKET_UPPER_BOUNDS]
 
 
 class PaperScale(M4Corpus):
-  """The paper's training batch (PAPER_*) on the prepared corpus."""
+  """The paper's training batch (Table 3) on the prepared corpus."""
+
+  def Cores(self):
+    """TPU v3 cores the paper trained the config on (Table 3)."""
+    return 2048
 
   def Train(self):
     return super().Train().Set(
         bucket_upper_bounds=list(PAPER_BUCKET_UPPER_BOUNDS),
-        bucket_batch_limits=list(PAPER_BUCKET_BATCH_LIMITS))
+        bucket_batch_limits=PaperBatch(PAPER_TOKENS[self.Cores()]))
 
 
 class _GShardMoE(PaperScale):
-  """MoE(E, L) of GShard Table 1."""
+  """MoE(E, L) of GShard Table 1 on E cores (one expert per core)."""
   NUM_EXPERTS = 0
   NUM_LAYERS = 0
 
+  def Cores(self):
+    return self.NUM_EXPERTS  # One expert per core (GShard §3).
+
   def Task(self):
     p = Transformer(self.NUM_LAYERS, num_experts=self.NUM_EXPERTS)
-    p.moe_tpl.num_groups = PAPER_NUM_GROUPS
+    p.moe_tpl.num_groups = PAPER_TOKENS[self.NUM_EXPERTS] // PAPER_GROUP_SIZE
     return p
 
 
