@@ -29,7 +29,7 @@ smoke: $(STAMP)
 
 # One test file per worker, as many workers as cores (pytest-xdist).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

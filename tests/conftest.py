@@ -11,3 +11,37 @@ _FLAG = '--xla_force_host_platform_device_count=8'
 if _FLAG.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' +
                              _FLAG).strip()
+
+# The files that take longest (one module fixture or trainer subprocesses
+# each), heaviest first. `make test` hands whole files to the xdist workers
+# in collection order (`--dist loadfile --no-loadscope-reorder`): starting
+# the long files first lets the many short ones fill the other worker
+# instead of leaving one long file running alone at the end. Order only:
+# every test still runs.
+_LONG_FILES = (
+    'tests/test_readme_reproduce.py',
+    'tests/trainer/test_trainer_export_e2e.py',
+    'tests/trainer/test_replica_routing.py',
+    'tests/test_readme_gpipe.py',
+    'tests/tools/test_demo_run.py',
+    'tests/test_readme_lm.py',
+    'tests/test_readme_spmd.py',
+    'tests/models/test_mt_pipeline.py',
+    'tests/trainer/test_trainer_pipeline.py',
+    'tests/test_readme_commands.py',
+    'tests/trainer/test_multi_host.py',
+    'tests/spmd/test_check_model_input.py',
+    'tests/layers/test_pipeline.py',
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+  rank = {path: i for i, path in enumerate(_LONG_FILES)}
+
+  def Key(indexed):
+    index, item = indexed
+    path = item.nodeid.split('::', 1)[0]
+    return (rank.get(path, len(rank)), index)
+
+  items[:] = [item for _, item in sorted(enumerate(items), key=Key)]
