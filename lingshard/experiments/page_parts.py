@@ -84,11 +84,21 @@ def Score(run, split, step, key='chrf'):
   return s['average'][key] if s else None
 
 
+class PageError(ValueError):
+  """The page cannot be rendered as recorded (one line)."""
+
+
 def Thirds(data_dir):
-  """{language: 'high' | 'mid' | 'low'} by training examples (stats.tsv)."""
+  """{language: 'high' | 'mid' | 'low'} by training examples (stats.tsv).
+
+  The corpus is read, not recorded: a missing one is an error, not a table
+  of n/a (the page would no longer be what its runs measured)."""
   path = os.path.join(data_dir, 'stats.tsv')
   if not os.path.exists(path):
-    return {}
+    raise PageError(f'{path} not found: the conditional section ranks '
+                    'languages by the prepared corpus; prepare it with: '
+                    f'python -m lingshard.data.prepare --out {data_dir} '
+                    '(or pass --data_dir)')
   with open(path, encoding='utf-8') as f:
     rows = [line.rstrip('\n').split('\t') for line in f][1:]
   rows = sorted(((r[0], int(r[1])) for r in rows if len(r) > 1),

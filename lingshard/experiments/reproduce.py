@@ -43,6 +43,7 @@ import sys
 import time
 
 from lingshard.experiments import page as page_lib
+from lingshard.experiments import page_parts
 from lingshard.experiments import runs as runs_lib
 
 # The repository this package is in (git: which revision, same package?).
@@ -445,7 +446,10 @@ def main(argv=None):
   if not args.page_only:
     _EnsureCorpora(args)
     _RunExperiments(args, res_dir)
-  written = page_lib.Write(args.out_dir, args.data_dir)
+  try:
+    written = page_lib.Write(args.out_dir, args.data_dir)
+  except page_parts.PageError as e:
+    raise SystemExit(f'lingshard.experiments: error: {e}') from None
   missing = [p for p in written if not os.path.exists(p)]
   if missing:
     raise SystemExit(f'lingshard.experiments: not produced: {", ".join(missing)}')

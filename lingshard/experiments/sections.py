@@ -97,6 +97,7 @@ def _ConditionalReading(res, runs, names):
 
 
 def Conditional(res, res_dir, data_dir):
+  thirds = pp.Thirds(data_dir)  # First: it may refuse (no corpus).
   arms, steps = res['arms'], res['steps']
   names = list(arms)
   runs = {a: [res['runs'][n] for n in arms[a]['runs']] for a in names}
@@ -140,7 +141,6 @@ def Conditional(res, res_dir, data_dir):
   lines += ['**Verdict** (the spread rule at the top of this page):', '']
   lines += verdicts + ['']
   lines += _ConditionalReading(res, runs, names)
-  thirds = pp.Thirds(data_dir)
   rows = []
   for sp in pp.SPLITS:
     for a in names:
