@@ -347,7 +347,9 @@ class PipelinedLayer(base_layer.BaseLayer):
     offsets = np.maximum(np.asarray(stage_mb), 0).astype(np.int64)
     consts = [tf.constant(self._stack.layer_ids),
               tf.constant(self._stack.active), tf.constant(offsets)]
-    aux_tpls = [None] * s
+    if run.aux_tpls is None:
+      run.aux_tpls = [None] * s
+    aux_tpls = run.aux_tpls
     theta_leaves = run.theta.Flatten()
     num_theta = len(theta_leaves)
     tpl = self._stack.tpl
@@ -372,11 +374,22 @@ class PipelinedLayer(base_layer.BaseLayer):
         flat_aux += aux.Flatten()
       return [x] + flat_aux
 
-    def OverStages(fn, elems):
-      """fn on every stage: vectorised over K (K = 1: one direct call)."""
+    def OverStages(name, fn, elems):
+      """fn on every stage: vectorised over K (K = 1: one direct call).
+
+      The vectorised function is traced (and converted by pfor) once per
+      FProp and called by every iteration: every iteration runs the same
+      stage code on same-shaped inputs (pfor conversion of the body
+      otherwise dominates a pipelined model's tracing time)."""
       if k == 1:
         return [t[tf.newaxis] for t in fn([t[0] for t in elems])]
-      return tf.vectorized_map(fn, list(elems))
+      if name not in run.vectorised:
+        # Nested in the step's trace: xla_compiled=True keeps the outer
+        # program's choice (sharding.Function).
+        run.vectorised[name] = sharding.Function(
+            lambda *ts: tf.vectorized_map(fn, list(ts)), xla_compiled=True,
+            autograph=False)
+      return run.vectorised[name](*elems)
 
     def StagesVjp(elems, dys):
       """Per stage: recompute the forward and pull the cotangents back."""
@@ -395,15 +408,15 @@ class PipelinedLayer(base_layer.BaseLayer):
           out[i] = g
         return out
 
-      got = OverStages(One, list(elems) + list(dys))
+      got = OverStages('vjp', One, list(elems) + list(dys))
       floats = [t.dtype.is_floating for t in elems]
       return [g if f else None for g, f in zip(got, floats)]
 
     elems = theta_leaves + state
     if self.params.remat:
       results = pipeline_remat.RematStages(
-          lambda ins: OverStages(OneStage, ins), StagesVjp, elems, consts,
-          run.token, num_theta)
+          lambda ins: OverStages('forward', OneStage, ins), StagesVjp,
+          elems, consts, run.token, num_theta)
     else:
       # No remat: TF differentiates a loop over the K stages (activations
       # are kept). Not vectorised: TF's gradient of pfor ops can need XLA
@@ -477,6 +490,9 @@ class _Run:
     self.last_mask = tf.constant(last, streams[0].dtype)
     self.token = tf.zeros([], streams[0].dtype)
     self.outputs, self.aux_rows = [], []
+    # RunStages' vectorised stage functions (traced once per FProp) and
+    # the aux structure per slot their trace found.
+    self.vectorised, self.aux_tpls = {}, None
 
 
 def _SwapFirstTwo(t):
