@@ -109,7 +109,7 @@ class MtDecoder(decode_loop.BaseDecoder):
     p = task.params
     self._jit = 'decode' in p and 'jit' in p.decode and p.decode.jit
     self._decode = sharding.Function(self._Decode, xla_compiled=self._jit,
-                                     jit_compile=self._jit, autograph=False)
+                                     jit_compile=self._jit)
 
   def _Decode(self, theta, ids, paddings):
     return self.task.Decode(theta, ids, paddings, **self._decode_kwargs)

@@ -66,15 +66,14 @@ class TrainStep:
     schedules.LearningRate(tp.lr_schedule, tp.learning_rate, tp.warmup_steps,
                            0)  # Validates the schedule name now.
     self.inject_nan_at_step = inject_nan_at_step
-    # Plain TF (Lingvo style), no autograph: a configuration error raised
-    # while tracing (e.g. pipeline.PipelineError) reaches the trainer as
-    # itself, one line, not wrapped in autograph's StagingError.
+    # No autograph (sharding.Function): a configuration error raised while
+    # tracing (e.g. pipeline.PipelineError) reaches the trainer as itself.
     self._compiled = sharding.Function(self.Pure, xla_compiled=jit,
-                                       jit_compile=jit, autograph=False)
+                                       jit_compile=jit)
     self._jit_grads = sharding.Function(self.LossAndGrads, xla_compiled=True,
-                                        jit_compile=True, autograph=False)
+                                        jit_compile=True)
     self._jit_update = sharding.Function(self.Update, xla_compiled=True,
-                                         jit_compile=True, autograph=False)
+                                         jit_compile=True)
 
   def InitOptState(self, theta):
     """Initial optimizer state for theta (tensors shaped like the slots)."""

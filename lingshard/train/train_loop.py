@@ -106,7 +106,7 @@ class Trainer:
     # by op is traced without sharding ops (sharding.Function).
     self.run_step = sharding.Function(
         self._RunStep, xla_compiled=self._info.jit_step or self._info.kind ==
-        'tpu', jit_compile=self._jit_whole, autograph=False)  # As step.py.
+        'tpu', jit_compile=self._jit_whole)
 
   # ------------------------------------------------------------ the step
   def Step(self, batch):

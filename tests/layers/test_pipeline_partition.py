@@ -47,3 +47,37 @@ def test_bad_partition_arguments_are_one_line_errors():
   with pytest.raises(ValueError, match=r'^splits \[1, 2\] cover 3 layers, '
                      r'not 2$'):
     pipeline_partition.MaxCellCost([1.0, 2.0], [1, 2])
+
+
+def _QuadraticDp(costs, k):
+  """The O(K * L^2) DP: every cut of every cell tried; ties to the latest
+  cut (the reference PartitionByCost must equal split for split)."""
+  n = len(costs)
+  prefix = np.concatenate([[0.0], np.cumsum(costs)]).tolist()
+  best = [[float('inf')] * (n + 1) for _ in range(k + 1)]
+  cut = [[0] * (n + 1) for _ in range(k + 1)]
+  best[0][0] = 0.0
+  for s in range(1, k + 1):
+    for j in range(s, n + 1):
+      for i in range(s - 1, j):
+        value = max(best[s - 1][i], prefix[j] - prefix[i])
+        if value <= best[s][j]:
+          best[s][j], cut[s][j] = value, i
+  splits, j = [], n
+  for s in range(k, 0, -1):
+    splits.append(j - cut[s][j])
+    j = cut[s][j]
+  return splits[::-1]
+
+
+def test_bisected_dp_equals_the_quadratic_dp_split_for_split():
+  rng = np.random.RandomState(1)
+  for _ in range(300):
+    n = rng.randint(1, 40)
+    k = rng.randint(1, n + 1)
+    # Many ties: small integers, zeros, equal runs.
+    costs = rng.randint(0, 4, size=n).astype(float).tolist()
+    if rng.rand() < 0.3:
+      costs = rng.rand(n).tolist()
+    assert pipeline_partition.PartitionByCost(costs, k) == _QuadraticDp(
+        costs, k), (costs, k)
