@@ -55,6 +55,13 @@ class BaseInputGenerator:
     """A tf.data.Dataset of NestedMap batches."""
     raise NotImplementedError(f'{type(self).__name__}.GetDataset')
 
+  def BatchSpec(self, bucket=-1):
+    """NestedMap of tf.TensorSpec: the numeric batch (no string leaves) of
+    training bucket `bucket`, from the params alone (reads no data), e.g.
+    to compile a step before any data exists (spmd compile_only)."""
+    raise InputError(f'{type(self).__name__} defines no BatchSpec: it '
+                     'cannot describe its batches without reading data')
+
   def SplitName(self, dataset):
     """The name of the split read, for output directory names: here
     `dataset` ('Train' | 'Dev' | 'Test') in lower case."""

@@ -23,6 +23,10 @@ the config's real device count on virtual CPU devices.
    - all_to_all: bytes of the all-to-all results of one slice step (XLA's
      partitioned program) x L/2;
    - slice_argument / slice_temp: XLA's own figures for the slice;
+   - remat: the config's per-layer re-materialisation (mt_model remat;
+     the slice is compiled with it), remat_extra_flops: XLA's FLOPs of the
+     slice step with remat='layer' over remat='none', minus 1 (the
+     recompute overhead; GShard §5.1: 28% / 34% of cycles for 36L / 60L);
    - total = weights + adafactor + activations, vs a TPU v3 core's 16 GiB.
 2. Compile scaling (GShard Fig. 8): the same slice shape with E = D experts
    and G = D groups, a fixed 2048 tokens per device, for D = 2 ... 2048:
@@ -103,7 +107,7 @@ def _SliceTaskClass():
 
 
 def _SliceParams(task_p, mesh, num_experts=None, num_groups=None,
-                 num_layers=2):
+                 num_layers=2, remat=None):
   """SliceTask params from an MT config's task params."""
   # pylint: disable=g-import-not-at-top
   from lingshard.layers import transformer
@@ -117,6 +121,7 @@ def _SliceParams(task_p, mesh, num_experts=None, num_groups=None,
       name='enc', model_dim=task_p.model_dim, hidden_dim=task_p.hidden_dim,
       num_heads=task_p.num_heads, dim_per_head=task_p.dim_per_head,
       num_layers=num_layers, moe_tpl=moe_p,
+      remat=task_p.remat if remat is None else remat,
       residual_dropout_prob=task_p.residual_dropout_prob,
       atten_dropout_prob=task_p.atten_dropout_prob)
   p = _SliceTaskClass().Params().Set(
@@ -126,61 +131,32 @@ def _SliceParams(task_p, mesh, num_experts=None, num_groups=None,
   return p
 
 
-def _Specs(tree):
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  return tree.Transform(lambda w: tf.TensorSpec(w.shape, w.dtype))
-
-
 def _CompileSlice(slice_p, num_devices, batch, length):
   """Exports the slice's train step from specs, partitions + compiles it
-  for `num_devices`; returns XLA's figures."""
+  for `num_devices` (spmd/compile_only.py); returns XLA's figures."""
   # pylint: disable=g-import-not-at-top
   import tensorflow as tf
-  from lingshard import sharding
   from lingshard.nested_map import NestedMap
-  from lingshard.spmd import check
-  from lingshard.spmd import manual_constants
-  from lingshard.spmd import report
-  from lingshard.spmd import xla_runtime
-  from lingshard.train import step as step_lib
+  from lingshard.spmd import compile_only
   # pylint: enable=g-import-not-at-top
   task = slice_p.Instantiate()
-  train_step = step_lib.TrainStep(task)
-  theta = _Specs(task.DeclaredWeights())
-  opt_out = tf.function(train_step.InitOptState, autograph=False
-                        ).get_concrete_function(theta).structured_outputs
-  opt_state = tf.nest.map_structure(
-      lambda t: tf.TensorSpec(t.shape, t.dtype), opt_out)
   m = slice_p.stack.model_dim
   # The stack's input is an embedding output: in the activation dtype.
   batch_spec = NestedMap(x=tf.TensorSpec([batch, length, m],
                                          task.fprop_dtype),
                          paddings=tf.TensorSpec([batch, length], tf.float32))
-  args = (theta, opt_state, batch_spec, tf.TensorSpec([], tf.int64))
-
-  def Flat(*leaves):  # The compiler IR API takes a flat list of specs.
-    return tf.nest.flatten(train_step.Pure(
-        *tf.nest.pack_sequence_as(args, leaves)))
-
-  start = time.perf_counter()
-  with sharding.SpmdPartitioning(num_devices):
-    fn = tf.function(Flat, jit_compile=True, autograph=False)
-    hlo = fn.experimental_get_compiler_ir(*tf.nest.flatten(args))(
-        stage='hlo_serialized')
-  export_seconds = time.perf_counter() - start
-  hlo = manual_constants.RouteConstantsIntoManualRegions(hlo)
-  exe = xla_runtime.CompileSpmd(hlo, num_devices)
-  mem = exe.MemoryStats()
-  a2a = [c for c in report.ParseCollectives(exe.hlo_text)
-         if c.kind == 'all-to-all']
+  r = compile_only.CompileTrainStep(task, batch_spec, num_devices)
+  a2a = r.CollectivesOf('all-to-all')
+  mem = r.memory
   return dict(
       devices=num_devices, batch=batch, length=length,
       slice_argument=mem['argument'], slice_output=mem['output'],
       slice_temp=mem['temp'], slice_alias=mem['alias'],
+      slice_flops=r.flops,
       all_to_all_slice=sum(c.bytes for c in a2a), all_to_all_ops=len(a2a),
-      export_seconds=export_seconds, compile_seconds=exe.compile_seconds,
-      program_instructions=check.ProgramSize(hlo),
-      partitioned_instructions=report.InstructionCount(exe.hlo_text))
+      export_seconds=r.export_seconds, compile_seconds=r.compile_seconds,
+      program_instructions=r.program_size,
+      partitioned_instructions=r.partitioned_size)
 
 
 def _MemoryWorker(key):
@@ -205,6 +181,12 @@ def _MemoryWorker(key):
   two = _CompileSlice(_SliceParams(tp, mesh, num_layers=4), mesh.size, batch,
                       FLAGS.length)
   per_pair = two['slice_temp'] - row['slice_temp']
+  # Recompute overhead (GShard §5.1: 28% / 34% of cycles for 36L / 60L):
+  # XLA's FLOPs of the slice step with per-layer remat over without.
+  other = 'none' if tp.remat == 'layer' else 'layer'
+  flops = {tp.remat: row['slice_flops'], other: _CompileSlice(
+      _SliceParams(tp, mesh, remat=other), mesh.size, batch,
+      FLAGS.length)['slice_flops']}
   pairs = (tp.num_encoder_layers + tp.num_decoder_layers) // 2
   tokens = batch * FLAGS.length // mesh.size
   # Softmax logits and their gradient, float32 [tokens, V] (not in the
@@ -212,6 +194,8 @@ def _MemoryWorker(key):
   softmax = 2 * 4 * tokens * tp.tgt_vocab_size
   row.update(
       config=key, layers=2 * pairs, experts=tp.moe_tpl.num_experts,
+      remat=tp.remat,
+      remat_extra_flops=flops['layer'] / flops['none'] - 1.0,
       groups=tp.moe_tpl.num_groups, tokens_per_device=tokens,
       fprop_dtype=getattr(tp.fprop_dtype, 'name', str(tp.fprop_dtype)),
       weights=counts.weight_bytes_per_device,
@@ -390,7 +374,8 @@ def main(argv):
     print('\nPer-device memory, GiB (TPU v3 core: 16 GiB); slice = 1 dense '
           '+ 1 MoE encoder layer train step (module docstring):')
     _Table(memory, ('config', 'devices', 'tokens_per_device', 'fprop_dtype',
-                    'weights', 'adafactor', 'activations', 'all_to_all',
+                    'remat', 'remat_extra_flops', 'weights', 'adafactor',
+                    'activations', 'all_to_all',
                     'total', 'fits_16GiB', 'slice_argument', 'slice_temp',
                     'per_pair_temp', 'softmax', 'compile_seconds'), _Fmt)
     _Write(memory, os.path.join(FLAGS.out_dir, 'paper_scale_memory.csv'))

@@ -397,6 +397,22 @@ class MtInput(base_input.BaseInputGenerator):
       batch.tgt.strs = ex['tgt_strs']
     return batch
 
+  def BatchSpec(self, bucket=-1):
+    """The numeric batch of training bucket `bucket` (base_input): B =
+    its batch limit, T = its upper bound; what _ToBatch makes."""
+    p = self.params
+    try:
+      b, t = p.bucket_batch_limits[bucket], p.bucket_upper_bounds[bucket]
+    except IndexError:
+      raise base_input.InputError(
+          f'bucket {bucket} out of range: {len(p.bucket_upper_bounds)} '
+          f'buckets {list(p.bucket_upper_bounds)}') from None
+    ids = tf.TensorSpec([b, t], tf.int32)
+    floats = tf.TensorSpec([b, t], tf.float32)
+    return NestedMap(src=NestedMap(ids=ids, paddings=floats),
+                     tgt=NestedMap(ids=ids, labels=ids, paddings=floats,
+                                   weights=floats))
+
   # ------------------------------------------------------------ datasets
   def _TrainBatches(self, ds):
     p = self.params

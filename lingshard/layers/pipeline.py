@@ -64,6 +64,7 @@ from lingshard.layers import pipeline_aux
 from lingshard.layers import pipeline_partition
 from lingshard.layers import pipeline_remat
 from lingshard.layers import pipeline_weights
+from lingshard.layers import remat
 from lingshard.nested_map import NestedMap
 
 
@@ -387,8 +388,7 @@ class PipelinedLayer(base_layer.BaseLayer):
         # Nested in the step's trace: xla_compiled=True keeps the outer
         # program's choice (sharding.Function).
         run.vectorised[name] = sharding.Function(
-            lambda *ts: tf.vectorized_map(fn, list(ts)), xla_compiled=True,
-            autograph=False)
+            lambda *ts: tf.vectorized_map(fn, list(ts)), xla_compiled=True)
       return run.vectorised[name](*elems)
 
     def StagesVjp(elems, dys):
@@ -427,7 +427,7 @@ class PipelinedLayer(base_layer.BaseLayer):
       results = [tf.stack(list(ts)) for ts in zip(*outs)]
     out, results = self._ShardState(results[0]), list(results[1:])
     # A zero that depends on this iteration's output (pipeline_remat).
-    run.token = pipeline_remat.OpaqueZero(out)
+    run.token = remat.OpaqueZero(out)
     aux_list = []
     for slot in range(s):
       n = len(aux_tpls[slot].Flatten())

@@ -14,25 +14,13 @@ only once the later iteration's is done, and at most one iteration's
 activations are alive (with K = 1 nothing else orders them: every
 micro-batch's cotangent is ready at once).
 
-XLA:CPU workarounds: XLA:CPU drops optimization barriers before CSE, so a
-zero that depends on the cotangent (`OpaqueZero`) keeps the recomputation
-distinct from the forward pass and after it.
+The barrier and the opaque zero that keep the recomputation distinct
+from the forward pass and after it are remat.py's.
 """
 
 import tensorflow as tf
-from tensorflow.compiler.tf2xla.python import xla
 
-
-def OpaqueZero(t):
-  """A float32 zero computed from `t` that XLA cannot fold to a constant
-  (min(|sum t|, 0); x * 0 could be simplified away): a data dependency."""
-  return tf.minimum(tf.abs(tf.reduce_sum(tf.cast(t, tf.float32))), 0.0)
-
-
-def OptimizationBarrier(tensors):
-  """XLA optimization barrier: the recomputation is not merged into the
-  forward pass (which would keep its activations)."""
-  return list(xla.optimization_barrier(*tensors))
+from lingshard.layers import remat
 
 
 def RematStages(run_stages, stages_vjp, elems, consts, token, num_theta):
@@ -61,13 +49,13 @@ def RematStages(run_stages, stages_vjp, elems, consts, token, num_theta):
       # cotangents: XLA can neither merge it into the forward pass nor
       # schedule it before this iteration's backward pass is due (which
       # would keep every iteration's activations alive again).
-      both = OptimizationBarrier(args + consts + dys)
+      both = remat.OptimizationBarrier(args + consts + dys)
       n = len(args) + len(consts)
       ins, dys = both[:n], both[n:-1]
       x = ins[num_theta]
-      ins[num_theta] = x + tf.cast(OpaqueZero(dys[0]), x.dtype)
+      ins[num_theta] = x + tf.cast(remat.OpaqueZero(dys[0]), x.dtype)
       grads = stages_vjp(ins, dys)[:len(args)]
-      d_token = OpaqueZero(grads[0])  # Orders the iterations.
+      d_token = remat.OpaqueZero(grads[0])  # Orders the iterations.
       return grads + [tf.cast(d_token, token_in.dtype)]
 
     return outs, Grad

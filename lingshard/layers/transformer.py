@@ -25,6 +25,11 @@ and paddings go through it as per-example extras. Incremental decoding
 unpipelined, layer by layer (`PipelinedLayer.LayerThetas`). A pipelined
 stack is dense: MoE layers are refused.
 
+Re-materialisation (GShard §5.1; `TransformerStack.Params().remat`):
+'layer' recomputes each layer's forward in the backward pass (remat.py), so
+between the passes only layer boundaries (inputs, outputs, aux) are kept;
+'none' keeps every activation. Numerics are the same either way.
+
 Einsum letters: b batch, t target/query position, s source/key position,
 m model dim, q new tokens of an incremental step.
 """
@@ -36,9 +41,11 @@ from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import ffn
 from lingshard.layers import layer_norm
+from lingshard.layers import remat
 from lingshard.nested_map import NestedMap
 
 NORM_POLICIES = ('pre', 'post')
+REMAT_POLICIES = ('none', 'layer')
 
 
 def _DefineShape(p):
@@ -216,6 +223,12 @@ class TransformerStack(base_layer.BaseLayer):
              'or micro_batch_size, remat, stage_splits, layer_costs, '
              'stage_mesh_axis); the stack sets body_tpl and num_layers. '
              'None = the layers run one after another (no pipeline).')
+    p.Define('remat', 'none',
+             "Re-materialisation of an unpipelined stack: 'none' keeps every "
+             "activation for the backward pass; 'layer' keeps only layer "
+             'boundaries and recomputes each layer in the backward pass '
+             '(GShard §5.1). A pipelined stack remats per stage '
+             '(pipeline_tpl.remat).')
     return p
 
   @staticmethod
@@ -239,6 +252,11 @@ class TransformerStack(base_layer.BaseLayer):
     p = self.params
     if p.num_layers <= 0:
       raise ValueError(f'{p.name}: num_layers must be > 0')
+    self.CheckOneOf('remat', REMAT_POLICIES)
+    if p.remat != 'none' and p.pipeline_tpl is not None:
+      raise ValueError(f"{p.name}: remat={p.remat!r} is for an unpipelined "
+                       "stack; a pipeline remats per stage (set remat='none' "
+                       'and pipeline_tpl.remat)')
     moe = set(self.MoeLayerIndices(p))
     layers = []
     for i in range(p.num_layers):
@@ -290,13 +308,50 @@ class TransformerStack(base_layer.BaseLayer):
       return self._FinalNorm(theta, x), NestedMap()
     x = inputs_btm
     stack_aux = NestedMap()
+    run = self._LayerFProp if self.params.remat == 'none' else (
+        self._RematLayerFProp)
     for i, (layer, layer_theta) in enumerate(zip(self.layer, theta.layer)):
-      x, aux = layer.FProp(layer_theta, x, paddings_bt, enc_bsm,
-                           enc_paddings_bs, step=step,
-                           token_offset=token_offset)
+      x, aux = run(layer, layer_theta, x, paddings_bt, enc_bsm,
+                   enc_paddings_bs, step, token_offset)
       if aux:
         stack_aux[f'layer_{i:03d}'] = aux
     return self._FinalNorm(theta, x), stack_aux
+
+  @staticmethod
+  def _LayerFProp(layer, theta, x, paddings, enc, enc_paddings, step,
+                  token_offset):
+    return layer.FProp(theta, x, paddings, enc, enc_paddings, step=step,
+                       token_offset=token_offset)
+
+  def _RematLayerFProp(self, layer, theta, x, paddings, enc, enc_paddings,
+                       step, token_offset):
+    """layer.FProp as one remat.Recompute: theta leaves and the float
+    inputs are its differentiable inputs; step and token_offset (ints) its
+    constants. Returns what layer.FProp returns."""
+    extras = [t for t in (enc, enc_paddings) if t is not None]
+    leaves = theta.Flatten()
+    num = len(leaves)
+    consts = [tf.constant(0, tf.int64) if step is None else step,
+              token_offset]
+    outs_tpl = []
+
+    def Fn(ins):
+      layer_theta = theta.Pack(ins[:num])
+      h, pads, *rest = ins[num:len(ins) - 2]
+      enc_in, enc_pads = (rest + [None, None])[:2]
+      step_in = None if step is None else ins[-2]
+      y, aux = layer.FProp(layer_theta, h, pads, enc_in, enc_pads,
+                           step=step_in, token_offset=ins[-1])
+      aux = NestedMap(aux) if aux else NestedMap()
+      outs_tpl[:] = [aux]
+      return [y] + aux.Flatten()
+
+    # The activations the recomputation starts from: x and the encoder
+    # output (remat.TieToCotangent).
+    acts = [num] + ([num + 2] if extras else [])
+    outs = remat.Recompute(Fn, leaves + [x, paddings] + extras, consts,
+                           activations=acts)
+    return outs[0], outs_tpl[0].Pack(outs[1:])
 
   # ---------------------------------------------------- incremental decoding
   def InitCache(self, batch_size, max_len):

@@ -125,6 +125,10 @@ class TransformerMTModel(base_model.BaseTask):
              'stage mesh puts data first; a 1-D mesh [K] is read as [1, K]: '
              'stages only, the batch not split) and batch_mesh_axis None = '
              'axis 0, the data axis. None = no pipeline.')
+    p.Define('remat', 'none',
+             "Both stacks' re-materialisation (transformer.TransformerStack."
+             "remat): 'none' | 'layer' (recompute each layer in the "
+             'backward pass; GShard §5.1).')
     p.Define('sos_id', 1, 'First decoder input token (BOS).')
     p.Define('eos_id', 2, 'End-of-sentence token.')
     p.Define('decode', DecodeParams(), 'Decoding hyper-parameters.')
@@ -144,7 +148,7 @@ class TransformerMTModel(base_model.BaseTask):
         moe_tpl=p.moe_tpl,
         moe_layers=(p.decoder_moe_layers if is_decoder else
                     p.encoder_moe_layers),
-        pipeline_tpl=self._PipelineParams())
+        pipeline_tpl=self._PipelineParams(), remat=p.remat)
     return sp
 
   def _PipelineParams(self):

@@ -95,6 +95,8 @@ class CheckResult:
   (single-program) module and of the partitioned per-device module;
   exported_hlo is the serialized module handed to the partitioner.
   `matches` is None when the run was not compared (compare=False).
+  `outputs` are the partitioned run's outputs by name (numpy; empty when
+  not run), e.g. to compare with another program's.
   """
   name: str
   mesh_shape: tuple
@@ -120,6 +122,7 @@ class CheckResult:
   partitioned_size: int
   expectations: list
   violations: list
+  outputs: dict = dataclasses.field(default_factory=dict)
 
   @property
   def ok(self):
@@ -234,13 +237,13 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
     return [tf.convert_to_tensor(t) for t in out.Flatten()]
 
   tensors = [tf.constant(v) for v in values]
-  # Step code is plain TF (Lingvo style): no autograph, so errors raised
-  # while tracing (e.g. ShardingError) reach the caller unwrapped.
+  # No autograph (sharding.Function): errors raised while tracing (e.g.
+  # ShardingError) reach the caller unwrapped.
   ref = None
   if compare:
     with sharding.Unannotated():
       ref_hlo = sharding.Function(
-          Flat, xla_compiled=True, jit_compile=True, autograph=False
+          Flat, xla_compiled=True, jit_compile=True
       ).experimental_get_compiler_ir(*tensors)(stage='hlo_serialized')
     shapes = [tuple(t.shape) for t in structure['out'].Flatten()]
     ref = xla_runtime.CompileSpmd(ref_hlo, 1).Run(values, shapes)
@@ -248,8 +251,7 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
 
   start = time.perf_counter()
   with sharding.SpmdPartitioning(num):
-    exported = sharding.Function(Flat, xla_compiled=True, jit_compile=True,
-                                 autograph=False)
+    exported = sharding.Function(Flat, xla_compiled=True, jit_compile=True)
     hlo = exported.experimental_get_compiler_ir(*tensors)(
         stage='hlo_serialized')
   export_seconds = time.perf_counter() - start
@@ -264,22 +266,35 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
                        f'{len(exe.parameter_shardings)} parameters for '
                        f'{len(values)} inputs')
   run_seconds = 0.0
-  errors = []
+  errors, got = [], []
   if compare:
     start = time.perf_counter()
     got = exe.Run(values, [r.shape for r in ref])
     run_seconds = time.perf_counter() - start
     errors = [Compare(n, r, g, rtol, atol)
               for n, r, g in zip(output_names, ref, got)]
+  return Result(name, mesh_shape, exe, hlo, input_names, output_names,
+                rules, errors if compare else None, export_seconds,
+                run_seconds, program_size,
+                outputs=dict(zip(output_names, got)))
+
+
+def Result(name, mesh_shape, exe, hlo, input_names, output_names, rules,
+           errors, export_seconds, run_seconds, program_size, outputs=None):
+  """The CheckResult of compiled program `exe` (from exported `hlo`);
+  errors None = not compared (matches None)."""
   collectives = report.ParseCollectives(exe.hlo_text, input_names,
                                         output_names)
   cost = exe.CostAnalysis()
+  compared = errors is not None
+  errors = errors or []
   return CheckResult(
-      name=name, mesh_shape=mesh_shape, num_partitions=num,
+      name=name, mesh_shape=tuple(mesh_shape),
+      num_partitions=int(np.prod(mesh_shape)),
       jaxlib_version=xla_runtime.JaxlibVersion(), errors=errors,
       max_abs_error=max([e.max_abs for e in errors], default=0.0),
       max_rel_error=max([e.max_rel for e in errors], default=0.0),
-      matches=all(e.ok for e in errors) if compare else None,
+      matches=all(e.ok for e in errors) if compared else None,
       collectives=collectives, flops=cost.get('flops', 0.0),
       transcendentals=cost.get('transcendentals', 0.0),
       bytes_accessed=cost.get('bytes accessed', 0.0),
@@ -290,7 +305,8 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
       hlo_text=exe.hlo_text, exported_hlo=hlo, program_size=program_size,
       partitioned_size=report.InstructionCount(exe.hlo_text),
       expectations=[str(r) for r in rules],
-      violations=expect_lib.Check(rules, collectives))
+      violations=expect_lib.Check(rules, collectives),
+      outputs={n: np.asarray(g) for n, g in (outputs or {}).items()})
 
 
 def ProgramSize(serialized_hlo):

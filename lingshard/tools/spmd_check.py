@@ -3,12 +3,17 @@
   python -m lingshard.tools.spmd_check --model=toy.FFRegression --mesh=8
   python -m lingshard.tools.spmd_check --model=m4.TinyMoE --mesh=2,4 \\
       --expect=only:all-to-all,all-reduce --expect='no-all-gather:wi|wo'
+  python -m lingshard.tools.spmd_check --model=m4.MoE128E12L --compile_only
 
 Builds the model's XLA-compiled train step (loss and gradients), partitions
 it with XLA's SPMD partitioner for prod(mesh) devices, runs it on that many
 virtual host CPU devices, compares with the single-device TF run and prints
 the report (parity, collectives, per-device FLOPs and memory, compile
-time). Exit status 1 on a mismatch or a failed --expect rule; bad input
+time). `--compile_only` checks a paper-scale config before a pod is booked:
+its real train step (with the optimizer update) on its own mesh (e.g. 128
+devices), from shapes alone (spmd/compile_only.py): partitioned and
+compiled, not run; the report gives per-device memory and collectives.
+Exit status 1 on a mismatch or a failed --expect rule; bad input
 (unknown model, a mesh the devices cannot hold, jaxlib missing, the model's
 data not prepared) prints one line and exits 1. See lingshard/spmd/expect.py for the rule syntax.
 """
@@ -34,6 +39,12 @@ flags.DEFINE_bool('split_batch', True, 'Split dim 0 of every batch tensor '
                   'over mesh axis 0 (data parallel inputs).', flag_values=FLAGS)
 flags.DEFINE_float('rtol', None, 'Override the per-dtype relative tolerance.', flag_values=FLAGS)
 flags.DEFINE_bool('print_hlo', False, 'Also print the partitioned HLO.', flag_values=FLAGS)
+flags.DEFINE_bool('compile_only', False, 'Partition and compile the train '
+                  "step on the config's own mesh from shapes (no data, "
+                  'nothing run); --mesh is not used.', flag_values=FLAGS)
+flags.DEFINE_integer('bucket', -1, 'compile_only: the training bucket whose '
+                     'batch shape is compiled (-1 = the longest).',
+                     flag_values=FLAGS)
 
 
 def Run(model_key, mesh, expect=(), dataset='Train', step=0,
@@ -58,6 +69,27 @@ def Run(model_key, mesh, expect=(), dataset='Train', step=0,
   return result
 
 
+def RunCompileOnly(model_key, expect=(), dataset='Train', bucket=-1,
+                   print_hlo=False, printer=print):
+  """--compile_only: configures the config's device count, compiles."""
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from lingshard import model_registry
+  from lingshard.spmd import compile_only
+  from lingshard.spmd import expect as expect_lib
+  from lingshard.spmd import xla_runtime
+  # pylint: enable=g-import-not-at-top
+  expect_lib.ParseRules(expect)
+  mesh = model_registry.GetParams(model_key, dataset).task.device_mesh
+  xla_runtime.ConfigureCpuDevices(max(int(np.size(mesh)), 1))
+  result = compile_only.CompileModel(model_key, dataset=dataset,
+                                     bucket=bucket, expect=expect)
+  if print_hlo:
+    printer(result.hlo_text)
+  printer(result.Report())
+  return result
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
@@ -72,10 +104,15 @@ def main(argv):
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
   try:
-    check.MeshShape(FLAGS.mesh)
     expect_lib.ParseRules(FLAGS.expect)
-    result = Run(FLAGS.model, FLAGS.mesh, FLAGS.expect, FLAGS.dataset,
-                 FLAGS.step, FLAGS.split_batch, FLAGS.rtol, FLAGS.print_hlo)
+    if FLAGS.compile_only:
+      result = RunCompileOnly(FLAGS.model, FLAGS.expect, FLAGS.dataset,
+                              FLAGS.bucket, FLAGS.print_hlo)
+    else:
+      check.MeshShape(FLAGS.mesh)
+      result = Run(FLAGS.model, FLAGS.mesh, FLAGS.expect, FLAGS.dataset,
+                   FLAGS.step, FLAGS.split_batch, FLAGS.rtol,
+                   FLAGS.print_hlo)
   except (LookupError, xla_runtime.JaxlibUnavailableError,
           xla_runtime.DeviceCountError, expect_lib.ExpectRuleError,
           check.MeshShapeError, base_input.InputError,
