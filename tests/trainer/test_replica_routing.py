@@ -19,8 +19,8 @@ from tests.trainer import trainer_testlib
 HELPER = 'tests.trainer.replica_routing_helper'
 
 
-def _Run(*args):
-  proc = subprocess.run([sys.executable, '-m', HELPER, *args],
+def _Run():
+  proc = subprocess.run([sys.executable, '-m', HELPER],
                         cwd=trainer_testlib.REPO,
                         env=trainer_testlib.TrainerEnv(),
                         capture_output=True, text=True, timeout=600,
@@ -30,7 +30,8 @@ def _Run(*args):
 
 
 def test_two_and_four_replicas_route_like_one_device():
-  runs = _Run()
+  both = _Run()  # One process: global offsets, then every replica at 0.
+  runs, zero = both['global'], both['zero_offset']
   one = runs['1']
   assert len(one['routing']) == 2  # One MoE layer in each stack.
   dispatched = np.concatenate([np.asarray(r)[2] for r in one['routing']])
@@ -47,7 +48,6 @@ def test_two_and_four_replicas_route_like_one_device():
                                  err_msg=f'{n} replicas: {key}')
     np.testing.assert_allclose(runs[n]['theta_sum'], one['theta_sum'],
                                rtol=1e-6)
-  zero = _Run('--zero_offset')
   assert zero['1']['routing'] == one['routing']
   for n in ('2', '4'):
     assert zero[n]['routing'] != one['routing'], n
