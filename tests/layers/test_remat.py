@@ -73,9 +73,16 @@ def test_layer_remat_equals_no_remat_jit_and_on_8_devices(key):
             for (name, want), got in zip(want_grads.FlattenItems(),
                                          got_grads.Flatten())]
   assert all(e.ok for e in errors), [e for e in errors if not e.ok]
-  # The remat program partitioned for 8 devices matches its 1-device run.
+  # The remat program partitioned for 8 devices matches its 1-device run,
+  # and the program that keeps activations.
   result = check.CheckTask(rematted, batch, 8, step=STEP)
   result.AssertOk()
+  np.testing.assert_allclose(result.outputs['loss'], want_loss, rtol=1e-5)
+  errors = [check.Compare(name, np.asarray(want),
+                          result.outputs[f'grads.{name}'], rtol=1e-5,
+                          atol=0.0)
+            for name, want in want_grads.FlattenItems()]
+  assert all(e.ok for e in errors), [e for e in errors if not e.ok]
   if plain.params.moe_tpl is not None:
     assert result.CollectiveCounts()['all-to-all'] > 0
 
