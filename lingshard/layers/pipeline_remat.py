@@ -49,11 +49,9 @@ def RematStages(run_stages, stages_vjp, elems, consts, token, num_theta):
       # cotangents: XLA can neither merge it into the forward pass nor
       # schedule it before this iteration's backward pass is due (which
       # would keep every iteration's activations alive again).
-      both = remat.OptimizationBarrier(args + consts + dys)
-      n = len(args) + len(consts)
-      ins, dys = both[:n], both[n:-1]
-      x = ins[num_theta]
-      ins[num_theta] = x + tf.cast(remat.OpaqueZero(dys[0]), x.dtype)
+      # The first state is what the recomputation starts from.
+      ins, dys = remat.TieToCotangent(args + consts, dys, [num_theta])
+      dys = dys[:-1]  # The token went behind the barrier too.
       grads = stages_vjp(ins, dys)[:len(args)]
       d_token = remat.OpaqueZero(grads[0])  # Orders the iterations.
       return grads + [tf.cast(d_token, token_in.dtype)]

@@ -18,7 +18,8 @@ XLA pieces: an optimization barrier ties the recomputation's inputs to the
 incoming cotangents, so XLA neither merges it into the forward pass (CSE)
 nor schedules it before the backward pass needs it; XLA:CPU drops barriers
 before CSE, so a zero computed from the cotangent (`OpaqueZero`) is added
-to one input as a data dependency that no pass can remove.
+to the activations the recomputation starts from (`TieToCotangent`), a data
+dependency that no pass can remove.
 """
 
 import tensorflow as tf
@@ -63,6 +64,9 @@ def Recompute(fn, elems, consts=(), activations=None):
     consts: inputs with no gradient (e.g. the int step), appended after
       `elems`. Everything `fn` reads must be in `elems` or `consts`: a
       tensor it captures would get no gradient.
+    activations: indices into `elems` of the activations fn starts from
+      (e.g. a layer's input), tied to the cotangent (TieToCotangent);
+      None = every float input (weights too: a copy of each per call).
 
   Returns:
     fn's outputs (a list).

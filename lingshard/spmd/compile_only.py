@@ -48,9 +48,10 @@ def TrainStepArgs(task, batch_spec):
 
 
 def CompileTrainStep(task, batch_spec, num_devices, *, name=None,
-                     expect=()):
+                     expect=(), mesh_shape=None):
   """Partitions + compiles `task`'s train step for `num_devices` from
-  specs; returns a check.CheckResult (not run)."""
+  specs; returns a check.CheckResult (not run) reporting `mesh_shape`
+  (default [num_devices])."""
   rules = expect_lib.ParseRules(expect)
   train_step, args = TrainStepArgs(task, batch_spec)
   items = args.FlattenItems()
@@ -74,8 +75,8 @@ def CompileTrainStep(task, batch_spec, num_devices, *, name=None,
   hlo = manual_constants.RouteConstantsIntoManualRegions(hlo)
   exe = xla_runtime.CompileSpmd(hlo, num_devices)
   output_names = [k for k, _ in structure['out'].FlattenItems()]
-  return check.Result(name or task.path, [num_devices], exe, hlo,
-                      [k for k, _ in items], output_names, rules, None,
+  return check.Result(name or task.path, mesh_shape or [num_devices], exe,
+                      hlo, [k for k, _ in items], output_names, rules, None,
                       export_seconds, 0.0, program_size)
 
 
@@ -96,7 +97,5 @@ def CompileModel(model_key, *, dataset='Train', bucket=-1, expect=()):
   xla_runtime.CpuDevices(num)
   task = config_check.Validate(params)
   batch_spec = params.input.Instantiate().BatchSpec(bucket)
-  result = CompileTrainStep(task, batch_spec, num, name=model_key,
-                            expect=expect)
-  result.mesh_shape = tuple(np.shape(mesh))
-  return result
+  return CompileTrainStep(task, batch_spec, num, name=model_key,
+                          expect=expect, mesh_shape=np.shape(mesh))
