@@ -14,10 +14,13 @@ of these that fails:
    activation mapping of a `b...` tensor; XLA would pad uneven shards)
    and, with a GPipe layer, vs `num_micro_batches` x that axis (each
    micro-batch is split over it);
-3. every MoE layer: `num_groups` (or `group_size`) vs the tokens of a
-   replica's (micro-)batch, B x T (GShard §2.2: G equal groups of S), and
-   `num_groups` vs the mesh axis its groups are split over; `num_experts`
-   vs the mesh axis its experts are split over;
+3. every MoE layer (also in a pipeline's body): `num_groups` (or
+   `group_size`) vs the tokens of a replica's (micro-)batch, B x T (GShard
+   §2.2: G equal groups of S; in a pipeline, the tokens of a micro-batch
+   per data shard, whose groups are then the unpipelined model's), and
+   `num_groups` vs the mesh axis (or axes) its groups are split over;
+   `num_experts` vs the mesh axis its experts are split over (inside each
+   stage for a pipeline's body);
 4. every declared weight: each split dim (heads, experts, hidden) divisible
    by the size of its mesh axis.
 
@@ -29,6 +32,7 @@ and host counts before training), as do `count_params` and `spmd_check`;
 import numpy as np
 
 from lingshard import sharding
+from lingshard.layers import base_layer
 from lingshard.layers import pipeline
 from lingshard.layers.moe import base as moe_base
 
@@ -38,10 +42,16 @@ class ConfigCheckError(ValueError):
 
 
 def _AxisSize(layer, axis):
-  """(index, size, label) of mesh axis `axis` (int or name) of a layer."""
+  """(index, size, label) of mesh axis `axis` (int, name or a tuple of
+  them: index -2, the product of their sizes) of a layer."""
   p = layer.params
   mesh = np.asarray(p.device_mesh)
   names = p.mesh_axis_names
+  if isinstance(axis, tuple):
+    sizes = [_AxisSize(layer, a) for a in axis]
+    size = int(np.prod([n for _, n, _ in sizes]))
+    return -2, size, (f'mesh axes {" x ".join(lb for _, _, lb in sizes)} '
+                      f'= {size}')
   try:
     index = sharding.ResolveSplitDimsMapping([axis], mesh.ndim, 1, names)[0]
   except sharding.ShardingError as e:
@@ -76,7 +86,10 @@ def _BatchAxis(layers):
     amap = layer.params.activation_split_dims_mapping
     for key, mapping in sorted(amap):
       if key.startswith('b') and mapping and mapping[0] not in (None, -1):
-        _, size, label = _AxisSize(layer, mapping[0])
+        axis = mapping[0]
+        if axis == base_layer.BATCH:
+          axis = layer.params.batch_axes
+        _, size, label = _AxisSize(layer, axis)
         return size, label
   return 1, 'no mesh axis'
 
@@ -140,11 +153,16 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
   """
   task = model_params.task.Instantiate()
   layers = list(task.AllLayers())
-  moes = [x for x in layers if isinstance(x, moe_base.MoEBase)]
-  for layer in moes:
+  pipes = [x for x in layers if isinstance(x, pipeline.PipelinedLayer)]
+  # MoE layers and the data shards of their micro-batch (pipeline bodies:
+  # the pipeline's; else 1).
+  moes = [(x, 1) for x in layers if isinstance(x, moe_base.MoEBase)]
+  for pipe in pipes:
+    moes += [(x, pipe.DataShards()) for x in pipe.body.AllLayers()
+             if isinstance(x, moe_base.MoEBase)]
+  for layer, _ in moes:
     _CheckMoEMesh(layer)
   _CheckWeights(layers)
-  pipes = [x for x in layers if isinstance(x, pipeline.PipelinedLayer)]
   batch_axis, axis_label = _BatchAxis(layers)
   for label, batch, length in _TrainShapes(model_params.input):
     if batch % num_replicas or num_replicas % num_input_pipelines:
@@ -176,6 +194,10 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
              f'{label[len("input.bucket_batch_limits"):]}={length})')
     if micro > 1:
       where = f'a micro-batch ({micro} per batch) of {where}'
-    for layer in moes:
-      _CheckMoE(layer, tokens, where)
+    for layer, shards in moes:
+      if shards > 1:
+        _CheckMoE(layer, tokens // shards,
+                  f'one of {shards} data shards of {where}')
+      else:
+        _CheckMoE(layer, tokens, where)
   return task

@@ -13,7 +13,17 @@ HLO for intermediate tensors (an attribute on the producing op is dropped).
 
 Split mappings (`split_dims_mapping`) give, per tensor dim, the mesh axis it
 is split over or -1 (replicated along it); a mesh axis may be given by index
-or by name when `mesh_axis_names` is passed. None entries mean -1.
+or by name when `mesh_axis_names` is passed. None entries mean -1. In
+`mesh_split` an entry may also be a tuple of mesh axes: the dim is split
+over all of them, the first major (e.g. MoE groups over `('data',
+'expert')` of a data x expert mesh: GShard §3.2 splits groups over every
+device).
+
+Inside `tf.vectorized_map` (a pipeline's stages, run vectorised over a
+leading stage dim K), the traced function sees per-stage tensors but the
+program holds [K, ...] ones; `VectorizedOver(mesh_axis)` makes `mesh_split`
+annotate the [K, ...] tensor (the stage dim over `mesh_axis`), which is
+what pfor's XlaSharding converter carries into the vectorised program.
 
 Every `tf.function` in lingshard is built by `Function(fn, xla_compiled)`,
 which says whether XLA compiles the program: a graph TensorFlow executes op
@@ -42,7 +52,7 @@ __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
     'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
     'PartitionCount', 'Unannotated', 'ForProgram', 'Function', 'OnTpu',
-    'ValidateDeviceMesh', 'ResolveSplitDimsMapping',
+    'ValidateDeviceMesh', 'ResolveSplitDimsMapping', 'VectorizedOver',
 ]
 
 # Number of partitions of the program being traced, or None (single device).
@@ -50,6 +60,9 @@ _PARTITIONS = contextvars.ContextVar('lingshard_spmd_partitions',
                                      default=None)
 # True inside Unannotated(): annotations are identities.
 _UNANNOTATED = contextvars.ContextVar('lingshard_unannotated', default=False)
+# Inside VectorizedOver(axis): the mesh axis (or -1) of the leading dim that
+# tf.vectorized_map adds to every traced tensor; None outside.
+_VECTORIZED = contextvars.ContextVar('lingshard_vectorized', default=None)
 
 
 class ShardingError(ValueError):
@@ -85,6 +98,26 @@ def Unannotated():
     yield
   finally:
     _UNANNOTATED.reset(token)
+
+
+@contextlib.contextmanager
+def VectorizedOver(mesh_axis):
+  """Traces the function of a `tf.vectorized_map` over a leading dim that
+  is split over `mesh_axis` (index, name or None = replicated).
+
+  Inside, `mesh_split(t, mesh, mapping)` of a per-iteration tensor `t`
+  annotates the vectorised tensor [K] + t.shape by [mesh_axis] + mapping:
+  pfor's converter copies an XlaSharding op's sharding unchanged onto the
+  stacked tensor, so the annotation must already have its rank. (The
+  unvectorised trace of the body, which would carry the rank mismatch, is
+  dead code XLA prunes.) Manual partitioning cannot be vectorised
+  (auto_to_manual raises).
+  """
+  token = _VECTORIZED.set(-1 if mesh_axis is None else mesh_axis)
+  try:
+    yield
+  finally:
+    _VECTORIZED.reset(token)
 
 
 def OnTpu():
@@ -272,8 +305,9 @@ def mesh_split(t, device_mesh, split_dims_mapping, mesh_axis_names=None,
   Args:
     t: the tensor.
     device_mesh: ndarray of device ids, or None (no annotation: returns t).
-    split_dims_mapping: per tensor dim, a mesh axis (index or name) or -1.
-      None means "no annotation".
+    split_dims_mapping: per tensor dim, a mesh axis (index or name), a
+      tuple of mesh axes (split over all, the first major) or -1. None
+      means "no annotation".
     mesh_axis_names: optional names of the mesh axes.
     manual_mesh_axis: inside a region made manual on this one mesh axis by
       `auto_to_manual(..., manual_mesh_axis=a)`, annotations must name it
@@ -283,7 +317,18 @@ def mesh_split(t, device_mesh, split_dims_mapping, mesh_axis_names=None,
   if device_mesh is None or split_dims_mapping is None:
     return t
   mesh = ValidateDeviceMesh(device_mesh)
-  mapping = ResolveSplitDimsMapping(split_dims_mapping, mesh.ndim, _Rank(t),
+  split_dims_mapping = list(split_dims_mapping)
+  rank = _Rank(t)
+  vectorized = _VECTORIZED.get()
+  if vectorized is not None:
+    if manual_mesh_axis is not None:
+      raise ShardingError('manual partitioning cannot run inside '
+                          'VectorizedOver (a vectorised pipeline stage)')
+    split_dims_mapping = [vectorized] + split_dims_mapping
+    rank += 1
+  mesh, split_dims_mapping, mesh_axis_names = _MergeTupleAxes(
+      mesh, split_dims_mapping, mesh_axis_names)
+  mapping = ResolveSplitDimsMapping(split_dims_mapping, mesh.ndim, rank,
                                     mesh_axis_names)
   manual = _ManualAxis(manual_mesh_axis, mesh, mapping, mesh_axis_names,
                        must_use=False)
@@ -296,6 +341,42 @@ def mesh_split(t, device_mesh, split_dims_mapping, mesh_axis_names=None,
     return xla_sharding.mesh_split(t, mesh, mapping, use_sharding_op=True,
                                    manual_mesh_dims=[manual])
   return xla_sharding.mesh_split(t, mesh, mapping, use_sharding_op=True)
+
+
+def _MergeTupleAxes(mesh, split_dims_mapping, mesh_axis_names):
+  """(mesh, mapping, names) with each tuple entry's mesh axes merged into
+  one axis (transposed next to each other, the first major), so that the
+  mapping holds single axes only. Unchanged when no entry is a tuple."""
+  if not any(isinstance(a, tuple) for a in split_dims_mapping):
+    return mesh, split_dims_mapping, mesh_axis_names
+  tuples = {}  # Tensor dim -> its mesh axes (ints).
+  for dim, entry in enumerate(split_dims_mapping):
+    if isinstance(entry, tuple):
+      axes = [_MeshAxis(a, mesh.ndim, mesh_axis_names) for a in entry]
+      if not axes or -1 in axes:
+        raise ShardingError(f'a tuple of mesh axes must name axes, got '
+                            f'{entry!r} in {split_dims_mapping}')
+      tuples[dim] = axes
+  used = [a for axes in tuples.values() for a in axes]
+  groups = list(tuples.values()) + [[a] for a in range(mesh.ndim)
+                                    if a not in used]
+  order = [a for g in groups for a in g]
+  if len(set(order)) != len(order):
+    raise ShardingError(f'a mesh axis is used twice in {split_dims_mapping}')
+  merged = np.transpose(mesh, order).reshape(
+      [int(np.prod([mesh.shape[a] for a in g])) for g in groups])
+  group_of = {tuple(g): i for i, g in enumerate(groups)}
+  mapping = []
+  for dim, entry in enumerate(split_dims_mapping):
+    if dim in tuples:
+      mapping.append(group_of[tuple(tuples[dim])])
+      continue
+    axis = _MeshAxis(entry, mesh.ndim, mesh_axis_names)
+    if axis != -1 and axis in used:
+      raise ShardingError(f'mesh axis {entry!r} is used twice in '
+                          f'{split_dims_mapping}')
+    mapping.append(-1 if axis == -1 else group_of[(axis,)])
+  return merged, mapping, None
 
 
 def _ManualAxis(manual_mesh_axis, mesh, mapping, mesh_axis_names, must_use):

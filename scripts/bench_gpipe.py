@@ -3,10 +3,16 @@ pipeline efficiency of a pipelined Transformer stack on virtual CPU devices.
 
   .venv/bin/python scripts/bench_gpipe.py --out_dir=/tmp/bench_gpipe
   .venv/bin/python scripts/bench_gpipe.py --quick   # a small subset
+  .venv/bin/python scripts/bench_gpipe.py --body=moe  # GShard in GPipe
 
 The body is one Transformer encoder layer (transformer.TransformerLayer,
 model dim --model_dim, FFN --hidden_dim, sequences of --seq_len), stacked
-by `pipeline.PipelinedLayer`; the step is its train step (loss linear in the
+by `pipeline.PipelinedLayer`. With `--body=moe` the body is GShard's
+pattern, a `transformer.TransformerLayerGroup` of a dense and an MoE layer
+(top-2, --num_experts experts, groups of --group_size tokens, GShard's
+einsum dispatch; every token's global offset passed per micro-batch), and
+L counts both (L/2 bodies); its loss adds the MoE layers' aux loss. The
+step is its train step (loss linear in the
 outputs, gradients of every weight), exported with every sharding
 annotation, partitioned by XLA's SPMD partitioner and compiled for K virtual
 CPU devices (lingshard.spmd.check with compare=False, then
@@ -64,6 +70,10 @@ flags.DEFINE_integer('model_dim', 64, 'Model dim.')
 flags.DEFINE_integer('hidden_dim', 256, 'FFN hidden dim.')
 flags.DEFINE_integer('num_heads', 4, 'Attention heads.')
 flags.DEFINE_integer('run_reps', 5, 'Timed runs per program (median).')
+flags.DEFINE_enum('body', 'dense', ['dense', 'moe'], 'dense: one Transformer '
+                  'layer per body; moe: a dense + an MoE layer per body.')
+flags.DEFINE_integer('num_experts', 4, 'Experts of the MoE layers (moe).')
+flags.DEFINE_integer('group_size', 32, 'Tokens per MoE group (moe).')
 flags.DEFINE_string('out_dir', '/tmp/bench_gpipe',
                     'Where to write the CSVs and the PNG.')
 
@@ -75,11 +85,19 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat):
   import numpy as np
   from lingshard.layers import pipeline
   from lingshard.layers import transformer
+  from lingshard.layers.moe import top2
   # pylint: enable=g-import-not-at-top
   body = transformer.TransformerLayer.Params().Set(
       model_dim=FLAGS.model_dim, hidden_dim=FLAGS.hidden_dim,
       num_heads=FLAGS.num_heads,
       dim_per_head=FLAGS.model_dim // FLAGS.num_heads)
+  if FLAGS.body == 'moe':
+    moe = body.Copy().Set(moe_tpl=top2.MoELayer.Params().Set(
+        num_experts=FLAGS.num_experts, group_size=FLAGS.group_size,
+        dispatch_impl='einsum', second_expert_policy='random'))
+    body = transformer.TransformerLayerGroup.Params().Set(
+        layer_tpls=[body, moe])
+    num_layers //= 2
   p = pipeline.PipelinedLayer.Params().Set(
       name='stack', body_tpl=body, num_layers=num_layers,
       num_stages=num_stages, num_micro_batches=num_micro_batches,
@@ -115,9 +133,9 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
     leaves = theta.Flatten()
     with tf.GradientTape() as tape:
       tape.watch(leaves)
-      y, _ = layer.FProp(theta.Pack(leaves), ins.x, ins.paddings,
-                         step=tf.constant(1, tf.int64))
-      loss = tf.reduce_sum(y * ins.cot)
+      y, aux = layer.FProp(theta.Pack(leaves), ins.x, ins.paddings,
+                           step=tf.constant(1, tf.int64), token_offset=0)
+      loss = tf.reduce_sum(y * ins.cot) + aux.get('aux_loss', 0.0)
     grads = theta.Pack(tape.gradient(loss, leaves))
     return NestedMap(loss=loss, grads=layer.ShardTheta(grads))
 
@@ -241,7 +259,8 @@ def _Plot(mem_rows, eff_rows, path):
   ax2.set_xlabel('micro-batches M')
   ax2.set_title('(b) pipeline efficiency vs M / (M + K - 1)')
   ax2.legend(fontsize=7)
-  fig.suptitle('GPipe §2.3 in miniature (pipelined Transformer stack)')
+  fig.suptitle('GPipe §2.3 in miniature (pipelined Transformer stack, '
+               f'{FLAGS.body} body)')
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   print(f'wrote {path}')
@@ -276,6 +295,10 @@ def main(argv):
 def _Report(mem_rows, eff_rows):
   """Prints the tables, writes the CSVs and the PNG."""
   os.makedirs(FLAGS.out_dir, exist_ok=True)
+  prefix = 'gpipe' if FLAGS.body == 'dense' else 'gpipe_moe'
+  print(f'\nbody: {FLAGS.body}' + (
+      f' (dense + MoE layer, {FLAGS.num_experts} experts, groups of '
+      f'{FLAGS.group_size})' if FLAGS.body == 'moe' else ''))
   if mem_rows:
     _PrintTable(
         f'(a) train-step temp memory (bytes), K = 1, N = '
@@ -284,7 +307,7 @@ def _Report(mem_rows, eff_rows):
         mem_rows, ('layers', 'micro_batches', 'temp_plain', 'temp_remat',
                    'measured_ratio', 'paper_plain', 'paper_remat',
                    'paper_ratio'))
-    _WriteCsv(os.path.join(FLAGS.out_dir, 'gpipe_memory.csv'), mem_rows)
+    _WriteCsv(os.path.join(FLAGS.out_dir, f'{prefix}_memory.csv'), mem_rows)
   if eff_rows:
     _PrintTable(
         f'(b) pipeline efficiency, L = {FLAGS.eff_layers}, remat on; FLOPs '
@@ -293,9 +316,10 @@ def _Report(mem_rows, eff_rows):
                    'flops_efficiency', 'one_minus_bubble', 'bubble',
                    'seconds', 'speedup', 'collective_permutes',
                    'all_gathers'))
-    _WriteCsv(os.path.join(FLAGS.out_dir, 'gpipe_efficiency.csv'), eff_rows)
+    _WriteCsv(os.path.join(FLAGS.out_dir, f'{prefix}_efficiency.csv'),
+              eff_rows)
   if mem_rows and eff_rows:
-    _Plot(mem_rows, eff_rows, os.path.join(FLAGS.out_dir, 'gpipe.png'))
+    _Plot(mem_rows, eff_rows, os.path.join(FLAGS.out_dir, f'{prefix}.png'))
 
 
 if __name__ == '__main__':

@@ -125,6 +125,29 @@ def test_micro_batches_vs_batch():
       '128 = 8192 (each micro-batch is split over it)')
 
 
+def test_pipelined_moe_experts_and_groups_inside_a_stage():
+  """MoE layers in a pipeline's body: experts vs the expert axis inside a
+  stage; the group size vs a micro-batch's tokens per data shard."""
+  params = model_registry.GetParams('gpipe.TinyMoEPipelined', 'Train')
+  params.task.moe_tpl.num_experts = 3
+  assert _Error(params) == (
+      "model/dec/pipeline/body/layer_001/moe: num_experts=3 must be "
+      "divisible by mesh axis 'expert' of size 2 (experts are split over it)")
+  params = model_registry.GetParams('gpipe.TinyMoEPipelined', 'Train')
+  params.task.moe_tpl.group_size = 48
+  assert _Error(params) == (
+      'model/dec/pipeline/body/layer_001/moe: group_size=48 must divide the '
+      '64 tokens of one of 4 data shards of a micro-batch (4 per batch) of a '
+      "replica's batch (input.bucket_batch_limits[0]=128 x "
+      'input.bucket_upper_bounds[0]=8)')
+  # The paper-scale pipelined MoE: 9 (dense, MoE) pairs per stack on 2
+  # stages, experts over each stage's 1,024 devices.
+  task = config_check.Validate(model_registry.GetParams(
+      'm4.MoE2048E36LPipelined', 'Train'))
+  assert task.enc.pipeline.StageSplits() == [5, 4]
+  assert task.enc.pipeline.params.body_annotations
+
+
 def test_trainer_refuses_before_building(tmp_path):
   fv = trainer_testlib.ParseFlags(
       '--model=m4.MoE2048E36L', f'--logdir={tmp_path}',

@@ -55,10 +55,10 @@ class MultiHeadAttention(base_layer.BaseLayer):
       p.weight_split_dims_mapping.Define(w, [-1, -1, -1], f'{w} [M, N, H].')
     p.weight_split_dims_mapping.Define('wo', [-1, -1, -1], 'wo [N, H, M].')
     p.activation_split_dims_mapping.Define(
-        'btnh', [0, -1, -1, -1], 'Projected q/k/v [B, T, N, H]: batch split.')
+        'btnh', [base_layer.BATCH, -1, -1, -1], 'Projected q/k/v [B, T, N, H]: batch split.')
     p.activation_split_dims_mapping.Define(
-        'bnts', [0, -1, -1, -1], 'Attention probs [B, N, T, S].')
-    p.activation_split_dims_mapping.Define('btm', [0, -1, -1],
+        'bnts', [base_layer.BATCH, -1, -1, -1], 'Attention probs [B, N, T, S].')
+    p.activation_split_dims_mapping.Define('btm', [base_layer.BATCH, -1, -1],
                                            'Output [B, T, M]: batch split.')
     return p
 

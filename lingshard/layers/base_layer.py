@@ -31,11 +31,16 @@ from lingshard.weight_init import WeightInit
 _NAME_RE = re.compile(r'^[A-Za-z_][A-Za-z0-9_]*$')
 # Params a child takes from its parent when it leaves them as None.
 INHERITED_PARAMS = ('dtype', 'fprop_dtype', 'params_init', 'random_seed',
-                    'device_mesh', 'mesh_axis_names', 'is_inference')
+                    'device_mesh', 'mesh_axis_names', 'batch_axes',
+                    'is_inference')
+# The logical mesh axis of batch dims in activation split mappings: resolved
+# by ShardActivation to the layer's `batch_axes` (one mesh axis or a tuple).
+BATCH = 'batch'
 _ROOT_DEFAULTS = {
     'dtype': tf.float32,
     'params_init': WeightInit.Xavier(1.0),
     'random_seed': 1234,
+    'batch_axes': 0,
     'is_inference': False,
 }
 
@@ -101,6 +106,12 @@ class BaseLayer(tf.Module):
     p.Define('device_mesh', None,
              'ndarray of device ids: the logical mesh; None = no sharding.')
     p.Define('mesh_axis_names', None, 'Optional names of the mesh axes.')
+    p.Define('batch_axes', None,
+             "The mesh axis (index or name), or tuple of axes, that "
+             "activation mappings' logical 'batch' entry means (data "
+             'parallelism; e.g. (\'data\', \'expert\') on a data x expert '
+             'mesh, where dense layers split the batch over both); None '
+             'inherits (root: mesh axis 0).')
     p.Define('weight_split_dims_mapping', hyperparams.Params(),
              'Per weight name: the mesh axis of each dim (-1 replicated).')
     p.Define('activation_split_dims_mapping', hyperparams.Params(),
@@ -434,9 +445,10 @@ class BaseLayer(tf.Module):
     if key not in p.activation_split_dims_mapping:
       raise KeyError(f'{self.path}: no activation_split_dims_mapping.{key} '
                      'defined')
-    return sharding.mesh_split(t, p.device_mesh,
-                               p.activation_split_dims_mapping.Get(key),
-                               p.mesh_axis_names)
+    mapping = p.activation_split_dims_mapping.Get(key)
+    if mapping is not None:
+      mapping = [p.batch_axes if a == BATCH else a for a in mapping]
+    return sharding.mesh_split(t, p.device_mesh, mapping, p.mesh_axis_names)
 
   # ------------------------------------------------------------------ fprop
   def FProp(self, theta, *args, **kwargs):

@@ -19,7 +19,8 @@ routing_rng.py. So:
 
 `KeyedMasks(layer_index, example_offset, example_stride)` sets the key;
 nested, the inner offset adds to the outer one (a pipeline's micro-batch
-inside a replica's batch). A pipeline that runs one body layer at every
+inside a replica's batch); the offset may be a vector of per-row example
+indices (a pipeline's micro-batch of blocked rows). A pipeline that runs one body layer at every
 position of a stack, on micro-batches (rows `example_offset + r *
 example_stride` of the mini-batch), with or without re-materialisation,
 then draws exactly the masks of the unpipelined stack on the whole
@@ -48,18 +49,23 @@ def KeyedMasks(layer_index, example_offset, example_stride=1):
     layer_index: int (python or int scalar tensor): the layer's position in
       its stack.
     example_offset: int (python or scalar tensor): the global index in the
-      mini-batch of the first row of the inputs.
+      mini-batch of the first row of the inputs; or an int [R] tensor: row
+      r of the inputs is example `example_offset[r]` (a pipeline's
+      micro-batch, pipeline.MicroBatchRows).
     example_stride: int: row r of the inputs is example `example_offset +
-      r * example_stride` of the mini-batch (a pipeline's micro-batch i of M
-      is rows i, i + M, i + 2M, ...).
+      r * example_stride` of the mini-batch (scalar offsets only).
   """
   outer = _MASK_KEY.get()
   if outer is not None:
-    if outer[2] != 1:
+    if outer[2] != 1 or _IsRows(outer[1]):
       raise ValueError('KeyedMasks: an outer key with example_stride '
-                       f'{outer[2]} cannot hold another key')
+                       f'{outer[2]} or per-row examples cannot hold another '
+                       'key')
     example_offset = tf.cast(outer[1], tf.int64) + tf.cast(example_offset,
                                                            tf.int64)
+  if _IsRows(example_offset) and example_stride != 1:
+    raise ValueError('KeyedMasks: per-row example indices take no '
+                     f'example_stride, got {example_stride}')
   token = _MASK_KEY.set((layer_index, example_offset, example_stride))
   try:
     yield
@@ -67,19 +73,46 @@ def KeyedMasks(layer_index, example_offset, example_stride=1):
     _MASK_KEY.reset(token)
 
 
+def _IsRows(example_offset):
+  return getattr(example_offset, 'shape', None) is not None and len(
+      example_offset.shape) == 1
+
+
+def LayerIndex():
+  """The layer index of the enclosing KeyedMasks (0 outside any): keys
+  other per-element randomness (MoE routing) of a layer that one body
+  runs at several stack positions (a pipeline)."""
+  key = _MASK_KEY.get()
+  return 0 if key is None else key[0]
+
+
+def ExampleRows(num_rows):
+  """int64 [num_rows]: the global example index of each input row under
+  the enclosing KeyedMasks (0..num_rows-1 outside any)."""
+  key = _MASK_KEY.get() or (0, 0, 1)
+  return _Rows(key[1], num_rows, key[2])
+
+
+def _Rows(example_offset, num_rows, example_stride):
+  offset = tf.cast(example_offset, tf.int64)
+  if _IsRows(example_offset):
+    return offset
+  return offset + tf.range(tf.cast(num_rows, tf.int64),
+                           dtype=tf.int64) * int(example_stride)
+
+
 def KeyedUniform(layer_seed, step, layer_index, example_offset, shape,
                  example_stride=1):
   """U(0, 1) [shape] of element j of row r: hash of (seed, step, index).
 
-  The counter of an element is `layer_index * 2^40 + (example_offset + r *
-  example_stride) * E + j` with E = prod(shape[1:]), so a row's draws do not
+  The counter of an element is `layer_index * 2^40 + row(r) * E + j` with
+  E = prod(shape[1:]) and row(r) = `example_offset + r * example_stride`
+  (or `example_offset[r]` for per-row offsets), so a row's draws do not
   depend on which other rows are in the tensor.
   """
   shape = tf.convert_to_tensor(shape)
-  rows = tf.cast(shape[0], tf.int64)
   per_row = tf.cast(tf.reduce_prod(shape[1:]), tf.int64)
-  row = (tf.cast(example_offset, tf.int64) +
-         tf.range(rows, dtype=tf.int64) * int(example_stride))
+  row = _Rows(example_offset, shape[0], example_stride)
   counter = (tf.cast(layer_index, tf.int64) * _LAYER_SHIFT +
              row[:, tf.newaxis] * per_row +
              tf.range(per_row, dtype=tf.int64)[tf.newaxis, :])

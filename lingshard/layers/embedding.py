@@ -44,10 +44,13 @@ class EmbeddingLayer(base_layer.BaseLayer):
     p.Define('scale_sqrt_depth', True, 'Multiply lookups by sqrt(M).')
     p.weight_split_dims_mapping.Define('emb', [-1, -1],
                                        'emb [V, M]: replicated.')
-    p.activation_split_dims_mapping.Define('btm', [0, -1, -1],
+    p.activation_split_dims_mapping.Define('btm', [base_layer.BATCH, -1, -1],
                                            'Lookups [B, T, M]: batch split.')
-    p.activation_split_dims_mapping.Define('btv', [0, -1, -1],
+    p.activation_split_dims_mapping.Define('btv', [base_layer.BATCH, -1, -1],
                                            'Logits [B, T, V]: batch split.')
+    p.activation_split_dims_mapping.Define(
+        'bt', [base_layer.BATCH, -1], 'Ids [B, T]: batch split (as the '
+        'lookups, so the table gradient sums locally, then all-reduces).')
     return p
 
   def __init__(self, params):
@@ -62,7 +65,7 @@ class EmbeddingLayer(base_layer.BaseLayer):
     """ids [B, T] int -> [B, T, M]."""
     p = self.params
     emb = tf.cast(theta.emb, self.fprop_dtype)
-    x = _Lookup(emb, ids)
+    x = _Lookup(emb, self.ShardActivation(ids, 'bt'))
     if p.scale_sqrt_depth:
       x *= tf.cast(math.sqrt(p.embedding_dim), self.fprop_dtype)
     return self.ShardActivation(x, 'btm')

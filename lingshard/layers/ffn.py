@@ -12,9 +12,12 @@ The FFN contract (shared with every MoE layer, moe.MoEBase):
 
 x [B, T, M], paddings [B, T] float (1.0 = pad); y [B, T, M]. `aux` is the
 layer's contribution to the task: NestedMap(aux_loss=float32 scalar,
-already weighted, metrics=NestedMap of float32 scalars/vectors), or an
-empty NestedMap when the layer adds nothing (this dense FFN). The task
-adds every layer's aux_loss to its loss as is.
+already weighted, aux_weight=what aux_loss averages over (optional; a
+pipeline's micro-batch weights, pipeline_aux), metrics=NestedMap of
+float32 scalars/vectors), or an empty NestedMap when the layer adds
+nothing (this dense FFN). The task adds every layer's aux_loss to its
+loss as is. token_offset: the global index of the batch's first token, or
+an int [B] vector of each row's first token.
 """
 
 from lingshard.layers import base_layer
@@ -37,9 +40,9 @@ class FeedForward(base_layer.BaseLayer):
     p.weight_split_dims_mapping.Define('bi', [-1], 'bi [H].')
     p.weight_split_dims_mapping.Define('wo', [-1, -1], 'wo [H, M].')
     p.weight_split_dims_mapping.Define('bo', [-1], 'bo [M].')
-    p.activation_split_dims_mapping.Define('bth', [0, -1, -1],
+    p.activation_split_dims_mapping.Define('bth', [base_layer.BATCH, -1, -1],
                                            'Hidden [B, T, H]: batch split.')
-    p.activation_split_dims_mapping.Define('btm', [0, -1, -1],
+    p.activation_split_dims_mapping.Define('btm', [base_layer.BATCH, -1, -1],
                                            'Output [B, T, M]: batch split.')
     return p
 

@@ -8,10 +8,14 @@ stacked [K, S, ...] weights and bodies of different shapes
 body's aux over layers and micro-batches (pipeline_aux), cost-based stage
 splits (pipeline_partition). This module is the schedule.
 
-Micro-batch i of M is rows i, i + M, i + 2M, ... of the mini-batch (a
-reshape to [b, M] and a transpose): with the batch split over a data mesh
-axis (`batch_mesh_axis`), every data shard keeps its own rows of every
-micro-batch, so forming micro-batches moves no data.
+Micro-batches are blocked within data shards (`MicroBatchRows`): with the
+batch split D ways over a data mesh axis (`batch_mesh_axis`; D = 1
+without), shard d holds rows [d B/D, (d+1) B/D) and micro-batch i is its
+i-th block of b/D consecutive rows on every shard (a reshape to [D, M,
+b/D] and a transpose): forming micro-batches moves no data, and a
+micro-batch's tokens on a shard are consecutive tokens of the mini-batch,
+so an MoE body's groups of S tokens (S dividing the b/D * T tokens) are
+the unpipelined model's groups.
 
 The schedule (GPipe §2, fill-drain; the XLA SPMD path), a static Python
 loop (simple for XLA; the program grows with M + K), each step a hook a
@@ -42,13 +46,25 @@ weights) as one custom-gradient function that keeps only its inputs.
 over the K stages (not vectorised: TF's gradient of vectorised ops such as
 reduce_mean needs XLA compile-time constants that would turn the step's
 arguments into constants), so the SPMD path with a split stage dim is
-`remat=True`. Dropout inside the body runs under `dropout.KeyedMasks(layer
-index, micro-batch index, M)`: masks depend on (seed, layer, step,
-example), not on K, M or recomputation.
+`remat=True`. The body runs under `dropout.KeyedMasks(layer index, the
+micro-batch's example rows)`: dropout masks (and MoE routing draws, keyed
+by the same layer index) depend on (seed, layer, step, example), not on K,
+M or recomputation.
 
-The body is called as `body.FProp(theta, x, paddings, *extras, step=step)`:
-no `token_offset` is passed (bodies are dense layers; MoE layers are not
-accepted in a pipelined stack, transformer.TransformerStack).
+The body is called as `body.FProp(theta, x, paddings, *extras, step=step)`,
+plus `token_offset=` when FProp gets one: each row's global first token,
+`token_offset + row * T` (T = the tokens of a row, x.shape[1:-1]), so an MoE
+body's routing randomness is the unpipelined model's. A bubble stage's
+micro-batch is padding everywhere (paddings 1; its outputs and aux are
+dropped). The body's aux is combined per layer over the micro-batches and
+then over layers (pipeline_aux); `FPropPerLayer` returns the per-layer aux.
+
+Annotations inside the stages (`body_annotations`): by default the body is
+built without a device mesh (the partitioner propagates from the stacked
+weights and the [K, b, ...] state). With `body_annotations=True` the body
+keeps its mesh and every annotation it makes, traced under
+`sharding.VectorizedOver(stage_mesh_axis)`, gains the stage dim (e.g. an
+MoE body's dispatch split over its expert axis inside each stage).
 
 Inference (`is_inference`): the same weights run unpipelined, layer after
 layer on the whole batch (`FPropUnpipelined`).
@@ -97,9 +113,13 @@ class PipelinedLayer(base_layer.BaseLayer):
     p.Define('stage_mesh_axis', None,
              'Mesh axis (name or index) of the stage dim; None = no split.')
     p.Define('batch_mesh_axis', None,
-             'Mesh axis (name or index) splitting the batch dim of the '
-             'per-example inputs and the stage state (data parallelism); '
-             'None = not split.')
+             'Mesh axis (name or index), or tuple of axes, splitting the '
+             'batch dim of the per-example inputs and the stage state (data '
+             'parallelism); None = not split.')
+    p.Define('body_annotations', False,
+             'Keep the body\'s sharding annotations inside the stages, '
+             'each gaining the stage dim (module docstring); False = the '
+             'body has no device mesh.')
     return p
 
   def __init__(self, params):
@@ -149,7 +169,8 @@ class PipelinedLayer(base_layer.BaseLayer):
 
     def Declare(tpl):
       lp = self._ChildParams('body', tpl)
-      lp.device_mesh = None  # No annotations inside vectorized_map.
+      if not p.body_annotations:
+        lp.device_mesh = None  # Propagated from the weights and state.
       built[id(tpl)] = lp
       return lp.Instantiate().DeclaredWeights()
 
@@ -237,37 +258,89 @@ class PipelinedLayer(base_layer.BaseLayer):
         raise PipelineError(f'{p.name}: num_micro_batches '
                             f'{p.num_micro_batches} does not divide the batch '
                             f'{batch}; use a divisor of {batch}')
-      return p.num_micro_batches
-    if batch % p.micro_batch_size:
-      raise PipelineError(f'{p.name}: micro_batch_size {p.micro_batch_size} '
-                          f'does not divide the batch {batch}; use a divisor '
-                          f'of {batch}')
-    return batch // p.micro_batch_size
+      m = p.num_micro_batches
+    else:
+      if batch % p.micro_batch_size:
+        raise PipelineError(f'{p.name}: micro_batch_size '
+                            f'{p.micro_batch_size} does not divide the batch '
+                            f'{batch}; use a divisor of {batch}')
+      m = batch // p.micro_batch_size
+    d = self.DataShards()
+    if (batch // m) % d:
+      raise PipelineError(f'{p.name}: micro-batches of {batch // m} '
+                          f'examples do not split over the {d} data shards '
+                          f'of batch_mesh_axis {p.batch_mesh_axis}; use a '
+                          f'batch divisible by {m * d}')
+    return m
+
+  def DataShards(self):
+    """D: the size of batch_mesh_axis in the device mesh (1 if none)."""
+    p = self.params
+    if p.batch_mesh_axis is None or p.device_mesh is None:
+      return 1
+    mesh = np.asarray(p.device_mesh)
+    axes = (p.batch_mesh_axis if isinstance(p.batch_mesh_axis, tuple) else
+            (p.batch_mesh_axis,))
+    size = 1
+    for axis in sharding.ResolveSplitDimsMapping(
+        list(axes), mesh.ndim, len(axes), p.mesh_axis_names):
+      size *= int(mesh.shape[axis]) if axis != -1 else 1
+    return size
+
+  def MicroBatchRows(self, batch, m):
+    """int64 [M, b]: the mini-batch row of each micro-batch row (module
+    docstring: blocked within each of the D data shards)."""
+    d = self.DataShards()
+    return np.arange(batch, dtype=np.int64).reshape(
+        d, m, batch // (m * d)).transpose(1, 0, 2).reshape(m, batch // m)
 
   def FPropUnpipelined(self, theta, inputs, paddings, *extras, step=None,
-                       example_offset=0):
+                       example_offset=0, token_offset=None):
     """The L layers one after another on the whole batch: (y, aux).
 
-    Dropout is keyed like the pipeline's, rows numbered from example_offset;
-    aux is combined as in FProp with one micro-batch.
+    Dropout is keyed like the pipeline's, rows numbered from example_offset
+    (and token_offset passed on as given); aux is combined as in FProp
+    with one micro-batch.
     """
+    y, per_layer = self.FPropPerLayerUnpipelined(
+        theta, inputs, paddings, *extras, step=step,
+        example_offset=example_offset, token_offset=token_offset)
+    return y, self._CombineLayers(per_layer)
+
+  def FPropPerLayerUnpipelined(self, theta, inputs, paddings, *extras,
+                               step=None, example_offset=0,
+                               token_offset=None):
+    """FPropUnpipelined with the aux of each of the L layers: (y, [aux])."""
     x, auxes = inputs, []
+    kwargs = {} if token_offset is None else {'token_offset': token_offset}
     for index, layer_theta in enumerate(self.LayerThetas(theta)):
       with dropout.KeyedMasks(index, example_offset):
-        x, aux = self.body.FProp(layer_theta, x, paddings, *extras, step=step)
-      auxes.append(aux)
-    return x, pipeline_aux.CombineAux([[a] for a in auxes])
+        x, aux = self.body.FProp(layer_theta, x, paddings, *extras, step=step,
+                                 **kwargs)
+      auxes.append(self._CombineMicroBatches([NestedMap(aux or {})]))
+    return x, auxes
 
-  def FProp(self, theta, inputs, paddings, *extras, step=None):
+  def FProp(self, theta, inputs, paddings, *extras, step=None,
+            token_offset=None):
     """inputs [B, ...], paddings [B, ...], extras [B, ...] -> (y, aux).
 
     Runs the schedule of the module docstring; see pipeline_aux for how
-    aux is combined.
+    aux is combined. token_offset: None, or the global index of the first
+    token of the batch (passed on to the body per row).
     """
+    y, per_layer = self.FPropPerLayer(theta, inputs, paddings, *extras,
+                                      step=step, token_offset=token_offset)
+    return y, self._CombineLayers(per_layer)
+
+  def FPropPerLayer(self, theta, inputs, paddings, *extras, step=None,
+                    token_offset=None):
+    """FProp with the aux of each of the L layers (combined over the
+    micro-batches, pipeline_aux): (y, [L aux])."""
     p = self.params
     if p.is_inference:
-      return self.FPropUnpipelined(theta, inputs, paddings, *extras,
-                                   step=step)
+      return self.FPropPerLayerUnpipelined(theta, inputs, paddings, *extras,
+                                           step=step,
+                                           token_offset=token_offset)
     inputs, paddings = (tf.convert_to_tensor(inputs),
                         tf.convert_to_tensor(paddings))
     extras = [tf.convert_to_tensor(e) for e in extras]
@@ -278,9 +351,10 @@ class PipelinedLayer(base_layer.BaseLayer):
     m = self._NumMicroBatches(int(batch))
     k = p.num_stages
     run = _Run(self, self.ShardTheta(theta.Transform(_DenseGradient)),
-               [inputs, paddings] + list(extras), m, step)
-    state = [self.Shift(e, tf.zeros([k] + e.shape.as_list(), e.dtype))
-             for e in self.Entering(run, 0)]
+               [inputs, paddings] + list(extras), m, step, token_offset)
+    state = [self.Shift(e, tf.broadcast_to(b[tf.newaxis],
+                                           [k] + e.shape.as_list()))
+             for e, b in zip(self.Entering(run, 0), run.bubble)]
     n = self.NumIterations(m, k)
     for i in range(n):
       stage_mb = self.StageMicroBatches(i, m, k)
@@ -289,9 +363,7 @@ class PipelinedLayer(base_layer.BaseLayer):
       if i + 1 < n:
         state = [self.Shift(e, t) for e, t in
                  zip(self.Entering(run, i + 1), [out] + state[1:])]
-    y_bm = self._ShardBatch(_SwapFirstTwo(tf.stack(run.outputs)))
-    return (tf.reshape(y_bm, tf.shape(inputs)),
-            self._CombineStageAux(run.aux_rows))
+    return run.Unblock(tf.stack(run.outputs)), self._PerLayerAux(run.aux_rows)
 
   # ----------------------------------------------------- the schedule hooks
   def NumIterations(self, m, k):
@@ -305,10 +377,11 @@ class PipelinedLayer(base_layer.BaseLayer):
                     np.int64)
 
   def Entering(self, run, i):
-    """The tensors entering stage 0 in iteration i (zeros after M)."""
+    """The tensors entering stage 0 in iteration i (after M: the bubble's
+    micro-batch, zeros with paddings 1)."""
     if i < run.m:
       return [t[i] for t in run.micro]
-    return [tf.zeros_like(t[0]) for t in run.micro]
+    return list(run.bubble)
 
   def Shift(self, entering, t):
     """[entering, t[0], ..., t[K-2]]: stage k+1 gets stage k's tensor.
@@ -340,14 +413,16 @@ class PipelinedLayer(base_layer.BaseLayer):
     """Every stage's S slots on its state, vectorised over K; returns
     (outputs [K, b, ...], per slot the aux NestedMap, leaves [K, ...]).
 
-    Dropout keys: row r of micro-batch i is example i + r * M; a stage in
-    the bubble uses micro-batch 0's keys (its outputs are dropped).
+    Dropout keys: row r of micro-batch i is example run.rows[i, r]; a
+    stage in the bubble uses micro-batch 0's keys (its outputs are
+    dropped).
     """
-    s, k = self._stack.slots, self.params.num_stages
-    body, m, step = self.body, run.m, run.step
-    offsets = np.maximum(np.asarray(stage_mb), 0).astype(np.int64)
+    p = self.params
+    s, k = self._stack.slots, p.num_stages
+    body, step = self.body, run.step
+    rows = run.rows[np.maximum(np.asarray(stage_mb), 0)]  # [K, b]
     consts = [tf.constant(self._stack.layer_ids),
-              tf.constant(self._stack.active), tf.constant(offsets)]
+              tf.constant(self._stack.active), tf.constant(rows)]
     if run.aux_tpls is None:
       run.aux_tpls = [None] * s
     aux_tpls = run.aux_tpls
@@ -359,15 +434,20 @@ class PipelinedLayer(base_layer.BaseLayer):
       """One stage: elems = (theta leaves [S, ...], x, pads, *extras, ids,
       active, offset) -> [y] + aux leaves."""
       leaves, (x, pads, *extras) = elems[:num_theta], elems[num_theta:-3]
-      ids_s, active_s, offset = elems[-3:]
+      ids_s, active_s, rows_b = elems[-3:]
+      kwargs = {}
+      if run.token_offset is not None:
+        kwargs['token_offset'] = run.token_offset + rows_b * int(
+            np.prod(x.shape.as_list()[1:-1]))
       # Unstack, not slice: the gradient of a slice (StridedSliceGrad) inside
       # vectorized_map needs XLA compile-time constants.
       slots = [tf.unstack(w, num=s) for w in leaves]
       flat_aux = []
       for slot in range(s):
         slot_theta = tpl.Pack([w[slot] for w in slots])
-        with dropout.KeyedMasks(ids_s[slot], offset, m):
-          y, aux = body.FProp(slot_theta, x, pads, *extras, step=step)
+        with dropout.KeyedMasks(ids_s[slot], rows_b):
+          y, aux = body.FProp(slot_theta, x, pads, *extras, step=step,
+                              **kwargs)
         on = tf.cast(active_s[slot], y.dtype)
         x = y * on + x * (1 - on)
         aux = NestedMap(aux) if aux else NestedMap()
@@ -386,9 +466,14 @@ class PipelinedLayer(base_layer.BaseLayer):
         return [t[tf.newaxis] for t in fn([t[0] for t in elems])]
       if name not in run.vectorised:
         # Nested in the step's trace: xla_compiled=True keeps the outer
-        # program's choice (sharding.Function).
-        run.vectorised[name] = sharding.Function(
-            lambda *ts: tf.vectorized_map(fn, list(ts)), xla_compiled=True)
+        # program's choice (sharding.Function). The body's annotations
+        # gain the stage dim (module docstring).
+        def Vectorised(*ts):
+          with sharding.VectorizedOver(p.stage_mesh_axis):
+            return tf.vectorized_map(fn, list(ts))
+
+        run.vectorised[name] = sharding.Function(Vectorised,
+                                                 xla_compiled=True)
       return run.vectorised[name](*elems)
 
     def StagesVjp(elems, dys):
@@ -452,11 +537,12 @@ class PipelinedLayer(base_layer.BaseLayer):
     return self._Annotate(t, [p.stage_mesh_axis, p.batch_mesh_axis])
 
   def _ShardBatch(self, t):
-    """[b, M, ...]: b over the batch axis."""
+    """[D, ...]: D over the batch axis."""
     return self._Annotate(t, [self.params.batch_mesh_axis])
 
-  def _CombineStageAux(self, aux_rows):
-    """Per-layer aux lists (over micro-batches) from the iterations' aux."""
+  def _PerLayerAux(self, aux_rows):
+    """L auxes, each combined over its micro-batches, from the
+    iterations' aux (stages in the bubble dropped)."""
     per_layer = [[] for _ in range(self.params.num_layers)]
     for aux_list, weights in aux_rows:
       for stage in range(self.params.num_stages):
@@ -464,26 +550,41 @@ class PipelinedLayer(base_layer.BaseLayer):
           if weights[stage, slot]:
             per_layer[self._stack.layer_ids[stage, slot]].append(
                 aux.Transform(lambda t, a=stage: t[a]))
+    return [self._CombineMicroBatches(values) for values in per_layer]
+
+  def _CombineMicroBatches(self, values):
     try:
-      return pipeline_aux.CombineAux(per_layer)
+      return pipeline_aux.CombineMicroBatches(values)
     except pipeline_aux.AuxError as e:
-      raise PipelineError(str(e)) from None
+      raise PipelineError(f'{self.params.name}: {e}') from None
+
+  def _CombineLayers(self, per_layer):
+    try:
+      return pipeline_aux.CombineLayers(per_layer)
+    except pipeline_aux.AuxError as e:
+      raise PipelineError(f'{self.params.name}: {e}') from None
 
 
 class _Run:
   """One FProp's schedule state, shared by the hooks: theta, the M
-  micro-batches of every per-example stream, the collected outputs and
-  aux rows, and the ordering token (pipeline_remat)."""
+  micro-batches of every per-example stream and their mini-batch rows, the
+  bubble's micro-batch, the collected outputs and aux rows, and the
+  ordering token (pipeline_remat)."""
 
-  def __init__(self, layer, theta, streams, m, step):
+  def __init__(self, layer, theta, streams, m, step, token_offset):
     batch = int(streams[0].shape[0])
-    b = batch // m
     self.theta, self.m, self.step = theta, m, step
-    # Per-example tensors as M micro-batches [b, ...]: rows i::M (module
-    # docstring). Unstack, not slices: see OneStage in RunStages.
-    self.micro = [tf.unstack(_SwapFirstTwo(layer._ShardBatch(  # pylint: disable=protected-access
-        tf.reshape(t, [b, m] + t.shape.as_list()[1:]))), num=m)
-                  for t in streams]
+    self.token_offset = (None if token_offset is None else
+                         tf.cast(token_offset, tf.int64))
+    self.rows = layer.MicroBatchRows(batch, m)  # [M, b]
+    self._layer = layer
+    self._d = layer.DataShards()
+    # Per-example tensors as M micro-batches [b, ...] (module docstring).
+    # Unstack, not slices: see OneStage in RunStages.
+    self.micro = [tf.unstack(self._Block(t, m), num=m) for t in streams]
+    # A bubble stage's micro-batch: zeros, paddings (stream 1) ones.
+    self.bubble = [tf.zeros_like(t[0]) for t in self.micro]
+    self.bubble[1] = tf.ones_like(self.bubble[1])
     k = layer.params.num_stages
     last = np.zeros([k] + [1] * streams[0].shape.rank, np.float32)
     last[-1] = 1.0
@@ -493,6 +594,21 @@ class _Run:
     # RunStages' vectorised stage functions (traced once per FProp) and
     # the aux structure per slot their trace found.
     self.vectorised, self.aux_tpls = {}, None
+
+  def _Block(self, t, m):
+    """[B, ...] -> [M, b, ...]: [D, M, b/D, ...] transposed (no data moves
+    with B split over the data axis)."""
+    d, rest = self._d, t.shape.as_list()[1:]
+    t = self._layer._ShardBatch(  # pylint: disable=protected-access
+        tf.reshape(t, [d, m, -1] + rest))
+    return tf.reshape(_SwapFirstTwo(t), [m, -1] + rest)
+
+  def Unblock(self, t_mb):
+    """[M, b, ...] -> [B, ...], the inverse of _Block."""
+    d, rest = self._d, t_mb.shape.as_list()[2:]
+    t = tf.reshape(t_mb, [self.m, d, -1] + rest)
+    t = self._layer._ShardBatch(_SwapFirstTwo(t))  # pylint: disable=protected-access
+    return tf.reshape(t, [-1] + rest)
 
 
 def _SwapFirstTwo(t):

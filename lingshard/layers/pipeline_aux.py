@@ -1,24 +1,35 @@
-"""How a pipeline combines its body's aux over layers and micro-batches.
+"""How a pipeline combines its body's aux over micro-batches and layers.
 
 The body's FProp returns `(y, aux)` (DEVELOPERS.md); a pipeline runs each
-of L layers on each of M micro-batches and returns one aux for the stack.
-Each aux key has its rule in `COMBINERS` (key -> function of the L lists of
-M values); a body returning another key is refused in one line, and a new
-kind of aux is one entry here:
+of L layers on each of M micro-batches. `CombineMicroBatches` makes one aux
+per layer from its M values, `CombineLayers` one aux for the stack from
+the L per-layer ones. Each aux key has its rule; a body returning another
+key is refused in one line, and a new kind of aux is one entry here. An
+aux may also nest auxes under other keys (a body of several layers, e.g.
+NestedMap(layer_1=aux)): CombineMicroBatches combines each of them.
 
-  aux_loss  sum over layers of the mean over micro-batches (each layer's
-            loss on the whole mini-batch, as the unpipelined stack);
-  metrics   mean over layers and micro-batches (NestedMaps of tensors);
-  moments   batch_norm.BatchNormLayer's NestedMap(count, mean, m2) (or a
-            NestedMap of them) combined exactly over the micro-batches into
-            L per-layer moments of the whole mini-batch (GPipe §2.2;
-            `BatchNormLayer.UpdatedMoving`).
+Over micro-batches (the layer's aux on the whole mini-batch):
+  aux_loss    weighted mean: weight `aux_weight` when the aux has one (what
+              the loss averages over, e.g. GShard's groups with tokens:
+              then the result is the unpipelined loss exactly), else 1;
+  aux_weight  sum;
+  metrics     MoE routing metrics (with `num_tokens`) by their own rule,
+              moe/metrics.CombineParts (counts sum, fractions of the real
+              tokens are token-weighted: exact); others the mean;
+  moments     batch_norm.BatchNormLayer's NestedMap(count, mean, m2) (or a
+              NestedMap of them) combined exactly (GPipe §2.2;
+              `BatchNormLayer.UpdatedMoving`).
+Over layers: aux_loss sums, metrics average, moments stay one per layer
+(a list), aux_weight is dropped.
 """
 
 import tensorflow as tf
 
 from lingshard.layers import batch_norm
+from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.nested_map import NestedMap
+
+KEYS = ('aux_loss', 'aux_weight', 'metrics', 'moments')
 
 
 class AuxError(ValueError):
@@ -39,36 +50,73 @@ def _CombineMomentsTree(nodes):
                     for key in nodes[0]})
 
 
-def _AuxLoss(per_layer):
-  return tf.add_n([tf.add_n(list(values)) / float(len(values))
-                   for values in per_layer])
+def _WeightedMean(values, weights):
+  total = tf.add_n(weights)
+  return tf.add_n([v * w for v, w in zip(values, weights)]) / tf.maximum(
+      total, 1.0)
 
 
-def _Metrics(per_layer):
-  items = [m for values in per_layer for m in values]
-  return items[0].Pack([tf.add_n(list(vals)) / float(len(items))
-                        for vals in zip(*[x.Flatten() for x in items])])
+def _Metrics(values):
+  if 'num_tokens' in values[0]:
+    return routing_metrics.CombineParts(values)
+  return values[0].Pack([tf.add_n(list(v)) / float(len(values))
+                         for v in zip(*[m.Flatten() for m in values])])
 
 
-def _Moments(per_layer):
-  return [_CombineMomentsTree(list(values)) for values in per_layer]
+def _Refuse(keys):
+  raise AuxError(f'the body returned aux keys {keys}; a pipeline combines '
+                 f'only {", ".join(sorted(KEYS))}')
 
 
-COMBINERS = {'aux_loss': _AuxLoss, 'metrics': _Metrics, 'moments': _Moments}
+def CombineMicroBatches(values):
+  """M aux NestedMaps of one layer (one structure) -> the layer's aux."""
+  first = values[0]
+  out = NestedMap()
+  if not first:
+    return out
+  unknown = sorted(set(first) - set(KEYS))
+  if unknown:
+    if all(isinstance(first[k], dict) for k in first):
+      for key in first:  # Nested auxes of a body of several layers.
+        out[key] = CombineMicroBatches([NestedMap(v[key]) for v in values])
+      return out
+    _Refuse(unknown)
+  if 'aux_loss' in first:
+    weights = [tf.cast(v.get('aux_weight', 1.0), tf.float32) for v in values]
+    out.aux_loss = _WeightedMean(
+        [tf.cast(v.aux_loss, tf.float32) for v in values], weights)
+  if 'aux_weight' in first:
+    out.aux_weight = tf.add_n([tf.cast(v.aux_weight, tf.float32)
+                               for v in values])
+  if 'metrics' in first:
+    out.metrics = _Metrics([NestedMap(v.metrics) for v in values])
+  if 'moments' in first:
+    out.moments = _CombineMomentsTree([v.moments for v in values])
+  return out
+
+
+def CombineLayers(per_layer):
+  """L per-layer auxes (CombineMicroBatches) -> the stack's aux: aux_loss
+  summed, metrics averaged, moments a list of the L layers'."""
+  first = per_layer[0]
+  out = NestedMap()
+  if not first:
+    return out
+  unknown = sorted(set(first) - set(KEYS))
+  if unknown:
+    _Refuse(unknown)
+  if 'aux_loss' in first:
+    out.aux_loss = tf.add_n([a.aux_loss for a in per_layer])
+  if 'metrics' in first:
+    out.metrics = first.metrics.Pack(
+        [tf.add_n(list(v)) / float(len(per_layer))
+         for v in zip(*[a.metrics.Flatten() for a in per_layer])])
+  if 'moments' in first:
+    out.moments = [a.moments for a in per_layer]
+  return out
 
 
 def CombineAux(per_layer):
   """per_layer: L lists (one aux NestedMap per micro-batch) -> the stack's
-  aux: every key combined by its COMBINERS rule, in the body's key order."""
-  first = per_layer[0][0]
-  out = NestedMap()
-  if not first:
-    return out
-  unknown = sorted(set(first) - set(COMBINERS))
-  if unknown:
-    raise AuxError(f'the body returned aux keys {unknown}; a pipeline '
-                   f'combines only {", ".join(sorted(COMBINERS))}')
-  for key, combine in COMBINERS.items():
-    if key in first:
-      out[key] = combine([[a[key] for a in auxes] for auxes in per_layer])
-  return out
+  aux (CombineMicroBatches per layer, then CombineLayers)."""
+  return CombineLayers([CombineMicroBatches(values) for values in per_layer])

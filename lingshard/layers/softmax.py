@@ -56,7 +56,7 @@ class SoftmaxLayer(base_layer.BaseLayer):
     p.Define('use_bias', True, 'Add a bias b [V].')
     p.weight_split_dims_mapping.Define('w', [-1, -1], 'w [M, V].')
     p.weight_split_dims_mapping.Define('b', [-1], 'b [V].')
-    p.activation_split_dims_mapping.Define('btv', [0, -1, -1],
+    p.activation_split_dims_mapping.Define('btv', [base_layer.BATCH, -1, -1],
                                            'Logits [B, T, V]: batch split.')
     return p
 

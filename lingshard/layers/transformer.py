@@ -22,8 +22,22 @@ of consecutive layers, M micro-batches, weights stacked on a stage dim. The
 final layer norm stays outside the pipeline; the decoder's encoder output
 and paddings go through it as per-example extras. Incremental decoding
 (`InitCache`, `CrossKeyValues`, `ExtendStep`) runs the same weights
-unpipelined, layer by layer (`PipelinedLayer.LayerThetas`). A pipelined
-stack is dense: MoE layers are refused.
+unpipelined, layer by layer (`PipelinedLayer.LayerThetas`).
+
+MoE inside the pipeline (GShard in GPipe): a pipeline stacks one weight
+structure, so a stack whose MoE layers repeat with period g (GShard's
+every other layer: g = 2, a dense + an MoE layer) pipelines L/g copies of
+a `TransformerLayerGroup` of g layers. Each micro-batch passes its rows'
+global token offsets and the pipeline keys dropout and routing by layer
+and example (pipeline.py), the body keeps its annotations (experts split
+over their mesh axis inside each stage), and each MoE layer's aux comes
+back per layer (`layer_XXX`, as unpipelined), combined over micro-batches
+exactly (pipeline_aux). Requirements, each a one-line error: MoE params
+with `group_size` (a group must be the unpipelined model's group, and
+`num_groups` would count a micro-batch's), no expert dropout (its mask is
+keyed by buffer slot, not by token), and micro-batch tokens per data shard
+divisible by the group size. The dispatch is GShard's einsum (the gather
+dispatch's manual partitioning cannot be vectorised over stages).
 
 Re-materialisation (GShard §5.1; `TransformerStack.Params().remat`):
 'layer' recomputes each layer's forward in the backward pass (remat.py), so
@@ -206,6 +220,41 @@ class TransformerLayer(base_layer.BaseLayer):
     return out, new_cache
 
 
+class TransformerLayerGroup(base_layer.BaseLayer):
+  """g consecutive Transformer layers as one pipeline body (a stage slot):
+  FProp as TransformerLayer's; aux {layer_j: aux of sub-layer j}."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('layer_tpls', [], 'TransformerLayer params of the g layers.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateChildren('layer', list(self.params.layer_tpls))
+
+  def FProp(self, theta, inputs_btm, paddings_bt, enc_bsm=None,
+            enc_paddings_bs=None, step=None, token_offset=0):
+    x, group_aux = inputs_btm, NestedMap()
+    for j, (layer, layer_theta) in enumerate(zip(self.layer, theta.layer)):
+      x, aux = layer.FProp(layer_theta, x, paddings_bt, enc_bsm,
+                           enc_paddings_bs, step=step,
+                           token_offset=token_offset)
+      if aux:
+        group_aux[f'layer_{j}'] = aux
+    return x, group_aux
+
+
+def _Period(pattern):
+  """The smallest g dividing len(pattern) with pattern periodic in g."""
+  n = len(pattern)
+  for g in range(1, n + 1):
+    if n % g == 0 and pattern == pattern[:g] * (n // g):
+      return g
+  return n
+
+
 class TransformerStack(base_layer.BaseLayer):
   """`num_layers` Transformer layers; `moe_layers` say which FFNs are MoE."""
 
@@ -268,25 +317,63 @@ class TransformerStack(base_layer.BaseLayer):
     if p.pipeline_tpl is None:
       self.CreateChildren('layer', layers)
     else:
-      if moe:
-        raise ValueError(f'{p.name}: pipeline_tpl needs a dense stack; '
-                         f'unset moe_tpl (MoE layers {sorted(moe)}) or '
-                         'pipeline_tpl')
-      self.CreateChild('pipeline', p.pipeline_tpl.Copy().Set(
-          body_tpl=layers[0], num_layers=p.num_layers))
+      self._CreatePipeline(layers, moe)
     if p.norm_policy == 'pre':
       self.CreateChild('final_ln', layer_norm.LayerNorm.Params().Set(
           input_dim=p.model_dim, epsilon=p.ln_epsilon))
+
+  def _CreatePipeline(self, layers, moe):
+    """The pipeline child: L/g copies of a body of g layers (module doc)."""
+    p = self.params
+    g = _Period([i in moe for i in range(p.num_layers)]) if moe else 1
+    self._group = g
+    pp = p.pipeline_tpl.Copy().Set(num_layers=p.num_layers // g)
+    if g > 1 and pp.num_stages > pp.num_layers:
+      raise ValueError(f'{p.name}: num_stages {pp.num_stages} exceeds the '
+                       f'{pp.num_layers} pipeline bodies of {g} layers (the '
+                       f'MoE pattern repeats every {g} layers); use at most '
+                       f'{pp.num_layers} stages')
+    if moe:
+      mp = p.moe_tpl
+      if mp.group_size is None:
+        raise ValueError(f'{p.name}: a pipelined MoE stack needs '
+                         'moe_tpl.group_size (tokens per group); num_groups '
+                         f'{mp.num_groups} would count a micro-batch\'s '
+                         'groups')
+      if mp.dropout_rate:
+        raise ValueError(f'{p.name}: a pipelined MoE stack needs '
+                         f'moe_tpl.dropout_rate 0, got {mp.dropout_rate} '
+                         '(expert dropout is keyed by buffer slot, not by '
+                         'token)')
+      mp = mp.Copy().Set(dispatch_impl='einsum')
+      for i in moe:
+        layers[i].moe_tpl = mp
+      pp.body_annotations = True
+    if g == 1:
+      pp.body_tpl = layers[0]
+    else:
+      pp.body_tpl = TransformerLayerGroup.Params().Set(
+          layer_tpls=layers[:g])
+    self.CreateChild('pipeline', pp)
 
   @property
   def is_pipelined(self):
     return self.params.pipeline_tpl is not None
 
+  def _PipelineBodies(self):
+    """The TransformerLayers of the pipeline body, in order (g of them)."""
+    body = self.pipeline.body
+    return list(body.layer) if self._group > 1 else [body]
+
   def Layers(self, theta):
-    """[(layer, layer theta)] in order; a pipelined stack's share one body."""
+    """[(layer, layer theta)] in order; a pipelined stack's share its
+    body's g layers."""
     if self.is_pipelined:
-      return [(self.pipeline.body, t)
-              for t in self.pipeline.LayerThetas(theta.pipeline)]
+      out = []
+      for t in self.pipeline.LayerThetas(theta.pipeline):
+        thetas = t.layer if self._group > 1 else [t]
+        out += list(zip(self._PipelineBodies(), thetas))
+      return out
     return list(zip(self.layer, theta.layer))
 
   def _FinalNorm(self, theta, x):
@@ -299,13 +386,12 @@ class TransformerStack(base_layer.BaseLayer):
     """All layers; returns (outputs [B, T, M], {layer_xxx: non-empty aux}).
 
     Arguments as `TransformerLayer.FProp`. Pipelined: the layers run in
-    `PipelinedLayer.FProp` (dense layers: no aux; `token_offset` unused).
+    `PipelinedLayer.FPropPerLayer`; the aux keys are the unpipelined
+    stack's.
     """
     if self.is_pipelined:
-      extras = ((enc_bsm, enc_paddings_bs) if self.params.is_decoder else ())
-      x, _ = self.pipeline.FProp(theta.pipeline, inputs_btm, paddings_bt,
-                                 *extras, step=step)
-      return self._FinalNorm(theta, x), NestedMap()
+      return self._PipelinedFProp(theta, inputs_btm, paddings_bt, enc_bsm,
+                                  enc_paddings_bs, step, token_offset)
     x = inputs_btm
     stack_aux = NestedMap()
     run = self._LayerFProp if self.params.remat == 'none' else (
@@ -316,6 +402,36 @@ class TransformerStack(base_layer.BaseLayer):
       if aux:
         stack_aux[f'layer_{i:03d}'] = aux
     return self._FinalNorm(theta, x), stack_aux
+
+  def _PipelinedFProp(self, theta, x, paddings, enc, enc_paddings, step,
+                      token_offset):
+    p, g = self.params, self._group
+    extras = (enc, enc_paddings) if p.is_decoder else ()
+    if self.MoeLayerIndices(p):
+      self._CheckMicroBatchGroups(x)
+    x, per_layer = self.pipeline.FPropPerLayer(
+        theta.pipeline, x, paddings, *extras, step=step,
+        token_offset=token_offset)
+    stack_aux = NestedMap()
+    for index, aux in enumerate(per_layer):
+      subs = aux if g > 1 else ({'layer_0': aux} if aux else {})
+      for key, sub in subs.items():
+        layer = index * g + int(key.split('_')[1])
+        stack_aux[f'layer_{layer:03d}'] = sub
+    return self._FinalNorm(theta, x), stack_aux
+
+  def _CheckMicroBatchGroups(self, x):
+    """A micro-batch's tokens per data shard must hold whole MoE groups."""
+    p, pipe = self.params, self.pipeline
+    if p.is_inference or x.shape[0] is None:
+      return
+    batch, length = int(x.shape[0]), int(x.shape[1])
+    m = pipe._NumMicroBatches(batch)  # pylint: disable=protected-access
+    tokens = batch // m // pipe.DataShards() * length
+    if tokens % p.moe_tpl.group_size:
+      raise ValueError(f'{p.name}: a micro-batch has {tokens} tokens per '
+                       'data shard, not a multiple of moe_tpl.group_size '
+                       f'{p.moe_tpl.group_size}')
 
   @staticmethod
   def _LayerFProp(layer, theta, x, paddings, enc, enc_paddings, step,
@@ -356,7 +472,7 @@ class TransformerStack(base_layer.BaseLayer):
   # ---------------------------------------------------- incremental decoding
   def InitCache(self, batch_size, max_len):
     """Per-layer zero self-attention caches [B, S=max_len, N, H]."""
-    layers = ([self.pipeline.body] * self.params.num_layers
+    layers = (self._PipelineBodies() * self.pipeline.params.num_layers
               if self.is_pipelined else self.layer)
     return [layer.self_atten.InitCache(batch_size, max_len)
             for layer in layers]

@@ -40,6 +40,7 @@ import numpy as np
 
 from lingshard import model_registry
 from lingshard.layers import pipeline
+from lingshard.layers.moe import top2
 from lingshard.models import mt_model
 from lingshard.params import m4
 
@@ -148,4 +149,43 @@ class TinyDensePipelined(m4.TinyCorpus):
     p.device_mesh = np.arange(8).reshape(2, TINY_STAGES)
     p.mesh_axis_names = None
     p.pipeline_tpl = PipelineParams(TINY_STAGES, TINY_MICRO_BATCHES)
+    return m4.TinyTrain(p)
+
+
+# GShard inside GPipe at CPU size: TinyMoE's layers (M = 128, H = 256, 4
+# heads of 32, 8 top-2 experts, the shared table), 4 + 4 of them so that
+# each of K = 2 stages holds one (dense, MoE) pair of each stack, on a
+# data x expert x stage mesh [2, 2, 2]; M = 4 micro-batches, remat on.
+# Groups of 64 tokens: every training bucket (1,024 tokens) gives a
+# micro-batch of 64 tokens on each device of a stage's data x expert plane
+# (the batch is split over both): one group per device.
+TINY_MOE_STAGES = 2
+TINY_MOE_GROUP_SIZE = 64
+MOE_MESH_AXIS_NAMES = ['data', 'expert', 'stage']
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoEPipelined(m4.TinyCorpus):
+  """m4.TinyMoE's layers, 4 + 4 deep (MoE every other layer), pipelined
+  over K = 2 stages on a data x expert x stage mesh [2, 2, 2].
+
+  Each stage runs one dense + one MoE layer per stack on its data x expert
+  plane: the batch and the MoE groups split over data and expert, experts
+  over the expert axis (4 per device), the dispatch an all-to-all within
+  each data shard; stage weights stay on their stage. `spmd_check --mesh=2,2,2` checks it.
+  """
+
+  def Task(self):
+    p = m4.Transformer(8, hidden_dim=m4.TINY_EXPERT_HIDDEN,
+                       num_experts=m4.TINY_EXPERTS, num_devices=8, **m4.TINY)
+    p.device_mesh = np.arange(8).reshape(2, 2, TINY_MOE_STAGES)
+    p.mesh_axis_names = list(MOE_MESH_AXIS_NAMES)
+    # Dense layers are data-parallel over data and expert (GShard: every
+    # device of a stage); so is the stage state.
+    p.batch_axes = ('data', 'expert')
+    p.moe_tpl.Set(num_groups=None, group_size=TINY_MOE_GROUP_SIZE)
+    top2.MoELayer.SetExpertSharding(p.moe_tpl, p.device_mesh, 'expert',
+                                    p.mesh_axis_names, data_mesh_axis='data')
+    p.pipeline_tpl = PipelineParams(TINY_MOE_STAGES, TINY_MICRO_BATCHES)
+    p.pipeline_tpl.batch_mesh_axis = ('data', 'expert')
     return m4.TinyTrain(p)

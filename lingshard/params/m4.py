@@ -214,6 +214,39 @@ class MoE2048E36L(_GShardMoE):
   NUM_EXPERTS, NUM_LAYERS = 2048, 36
 
 
+# MoE(2048E, 36L) inside GPipe (an option; GShard trained it unpipelined):
+# each stack's 18 layers are 9 (dense, MoE) pairs over K = 2 stages of
+# 1,024 devices (5 + 4 pairs: one padded slot), experts split over each
+# stage's devices (2 per device), M = 8 micro-batches (GPipe §2.3: M >= 4K),
+# groups of 512 tokens: every bucket's micro-batch is 512 tokens per device.
+MOE_PIPELINE_STAGES = 2
+MOE_PIPELINE_MICRO_BATCHES = 8
+MOE_PIPELINE_GROUP_SIZE = 512
+
+
+@model_registry.RegisterSingleTaskModel
+class MoE2048E36LPipelined(MoE2048E36L):
+  """MoE(2048E, 36L) as a 2-stage GPipe pipeline on a [1024, 2] mesh.
+
+  Mesh axes ('x', 'stage'): within a stage, batch, MoE groups and experts
+  split over 'x' as in the unpipelined config (GShard §3.2); stages hold
+  their own layers (never gathered), re-materialised per stage.
+  """
+
+  def Task(self):
+    p = super().Task()
+    p.device_mesh = np.arange(2048).reshape(-1, MOE_PIPELINE_STAGES)
+    p.mesh_axis_names = MESH_AXIS_NAMES + ['stage']
+    p.remat = 'none'  # The pipeline remats per stage.
+    p.moe_tpl.Set(num_groups=None, group_size=MOE_PIPELINE_GROUP_SIZE)
+    top2.MoELayer.SetExpertSharding(p.moe_tpl, p.device_mesh, 'x',
+                                    p.mesh_axis_names)
+    p.pipeline_tpl = pipeline.PipelinedLayer.Params().Set(
+        num_stages=MOE_PIPELINE_STAGES,
+        num_micro_batches=MOE_PIPELINE_MICRO_BATCHES, remat=True)
+    return p
+
+
 @model_registry.RegisterSingleTaskModel
 class MoE2048E60L(_GShardMoE):
   """GShard MoE(2048E, 60L): 1T weights, 2048 devices (Table 1, last row).

@@ -39,4 +39,7 @@ def test_weights_replicated_activations_batch_split():
   w = layer.DeclaredWeights()
   assert w.fc_in.w.tensor_split_dims_mapping == [-1, -1]
   assert w.fc_out.w.tensor_split_dims_mapping == [-1, -1]
-  assert layer.fc_out.params.activation_split_dims_mapping.out == [0, -1, -1]
+  # The logical batch axis: mesh axis 0 unless batch_axes says otherwise.
+  assert layer.fc_out.params.activation_split_dims_mapping.out == [
+      'batch', -1, -1]
+  assert layer.fc_out.params.batch_axes == 0

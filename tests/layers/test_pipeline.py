@@ -57,17 +57,19 @@ def _Pipelined(layer):
 def _Plain(layer, num_micro_batches=1):
   """The same L layers one after another on each micro-batch in turn.
 
-  Micro-batch m is rows m, m + M, m + 2M, ... (pipeline.py).
+  Micro-batch m is rows m * B/M ... (m + 1) * B/M - 1 (pipeline.py's
+  blocks; one data shard).
   """
   x, pad, ctx, cot = _Inputs()
   theta = layer.theta
+  size = _B // num_micro_batches
   with tf.GradientTape() as tape:
     ys, aux_losses, h_means, moments = [], [], [], []
     for m in range(num_micro_batches):
-      rows = slice(m, None, num_micro_batches)
+      rows = slice(m * size, (m + 1) * size)
       h, aux_loss, h_mean, mb_moments = x[rows], 0.0, 0.0, []
       for index, layer_theta in enumerate(layer.LayerThetas(theta)):
-        with dropout.KeyedMasks(index, m, num_micro_batches):
+        with dropout.KeyedMasks(index, m * size):
           h, aux = layer.body.FProp(layer_theta, h, pad[rows], ctx[rows],
                                     step=tf.constant(_STEP))
         aux_loss += aux.aux_loss
@@ -80,7 +82,7 @@ def _Plain(layer, num_micro_batches=1):
     aux = NestedMap(aux_loss=tf.add_n(aux_losses) / num_micro_batches,
                     metrics=NestedMap(h_mean=tf.add_n(h_means) /
                                       num_micro_batches))
-    y = tf.reshape(tf.transpose(tf.stack(ys), [1, 0, 2, 3]), x.shape)
+    y = tf.concat(ys, 0)
     loss = _Loss(y, aux, cot)
   grads = tape.gradient(loss, theta, unconnected_gradients='zero')
   return loss, aux, layer.LayerThetas(grads), moments

@@ -130,11 +130,13 @@ def test_mesh_propagates_and_every_weight_has_a_layout(key):
       assert mapping == [0, -1, -1], name  # Experts split over the mesh.
     else:
       assert mapping == [-1] * len(wp.shape), name  # Replicated.
-  # Attention and dense layers split their activations on the batch dim.
+  # Attention and dense layers split their activations on the batch dim:
+  # the logical 'batch' axis, mesh axis 0.
   layer = task.enc.layer[0]
   for child in (layer.self_atten, layer.ffn.fc_in, task.tgt_emb):
+    assert child.params.batch_axes == 0
     for _, mapping in child.params.activation_split_dims_mapping:
-      assert mapping[0] == 0 and set(mapping[1:]) == {-1}
+      assert mapping[0] == 'batch' and set(mapping[1:]) == {-1}
 
 
 def test_tiny_moe_loss_is_xent_plus_one_hundredth_of_the_gshard_aux():

@@ -133,12 +133,48 @@ def test_decoding_runs_the_pipelined_weights_unpipelined(beam_size):
   assert got.ids.shape == (2, 6)
 
 
-def test_moe_in_a_pipelined_stack_is_refused():
-  p = _Params(2, 2, use_moe=True)
-  with pytest.raises(ValueError, match=r'^enc: pipeline_tpl needs a dense '
-                     r'stack; unset moe_tpl \(MoE layers \[1\]\) or '
-                     r'pipeline_tpl$'):
+def test_moe_in_a_pipelined_model_routes_as_one_stage_one_micro_batch():
+  """GShard in GPipe at the model level: MoE every other layer, groups of
+  S = 6 tokens (one source row), GShard's random second expert, capacity
+  that drops and dropout on: K = 2, M = 2 gives the K = 1, M = 1 loss and
+  gradients (tests/layers/test_pipeline_moe.py: the plain loop and every
+  routing decision). Groups must be given by size (one line)."""
+  kw = dict(layers=(2, 2), use_moe=True, residual_dropout_prob=0.2)
+  with pytest.raises(ValueError, match=(
+      r'^enc: num_stages 2 exceeds the 1 pipeline bodies of 2 layers \(the '
+      r'MoE pattern repeats every 2 layers\); use at most 1 stages$')):
+    _Params(2, 2, **kw).Instantiate()
+  kw['layers'] = (4, 4)
+  p = _Params(2, 2, **kw)
+  with pytest.raises(ValueError, match=(
+      r"^enc: a pipelined MoE stack needs moe_tpl.group_size \(tokens per "
+      r"group\); num_groups 1 would count a micro-batch's groups$")):
     p.Instantiate()
+
+  def Params(k, m):
+    p = _Params(k, m, **kw)
+    p.moe_tpl.Set(num_groups=None, group_size=6, expert_capacity=None,
+                  capacity_factor=0.5, second_expert_policy='random')
+    return p
+
+  ref = Params(1, 1).Instantiate()
+  piped = Params(2, 2).Instantiate()
+  batch = mt_testlib.SyntheticBatch(piped.params, batch_size=8, src_len=6,
+                                    tgt_len=6, seed=2)
+  ref_loss, ref_grads = _LossAndGrads(ref, _Tensors(ref.theta), batch)
+  theta = _Unpipelined(ref, _Tensors(ref.theta))
+  piped_theta = _Tensors(piped.theta)  # The same weights, 2 stages.
+  for stack in STACKS:
+    piped_theta[stack].pipeline = _Stacked(
+        getattr(piped, stack).pipeline, piped_theta[stack].pipeline,
+        theta[stack].layer)
+  loss, grads = _LossAndGrads(piped, piped_theta, batch)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+  got = _Unpipelined(piped, grads).FlattenItems()
+  want = _Unpipelined(ref, ref_grads).FlattenItems()
+  assert [k for k, _ in got] == [k for k, _ in want]
+  for (name, g), (_, r) in zip(got, want):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 GPIPE_KEYS = sorted(k for k in model_registry.ListModels()

@@ -11,8 +11,10 @@ contract of ffn.py (the dense FFN's too):
 
 - inputs [B, T, M] (any float dtype; computed in fprop_dtype), paddings
   [B, T] float (1.0 = pad). Returns outputs [B, T, M] (padding rows are 0)
-  and aux = NestedMap(aux_loss=float32 scalar, metrics=NestedMap of float32
-  scalars/vectors; see metrics.py). aux_loss is already weighted by the
+  and aux = NestedMap(aux_loss=float32 scalar, aux_weight=the groups with
+  real tokens (what top-2's loss averages over; pipeline_aux weights
+  micro-batches by it), metrics=NestedMap of float32 scalars/vectors; see
+  metrics.py). aux_loss is already weighted by the
   layer's own `aux_loss_weights` (top2: group_aux; noisy/hierarchical:
   importance, load; balanced: batchwise, importance): the task adds
   it to its loss as is.
@@ -25,9 +27,11 @@ contract of ffn.py (the dense FFN's too):
 - The B*T tokens, row-major, are cut into G groups of S tokens (`num_groups`
   or `group_size`); capacity is per (expert, group).
 - `step` (None = 0) and `token_offset` (global index of the first token of
-  this batch, e.g. micro-batch i of n gets i*B*T) key the counter-based
-  routing RNG, so random routing decisions do not depend on grouping,
-  sharding or micro-batching (layers/moe/rng.py).
+  this batch, or an int [B] vector of each row's first token: a pipeline's
+  micro-batch) key the counter-based routing RNG, with the layer index of
+  an enclosing `dropout.KeyedMasks` (a pipeline body's stack position), so
+  random routing decisions do not depend on grouping, sharding or
+  micro-batching (layers/moe/rng.py).
 
 Expert weights wi [E, M, H], wo [E, H, M], optional biases bi [E, H],
 bo [E, M]; activation (relu default) and dropout on the hidden activations.
@@ -50,6 +54,7 @@ import tensorflow as tf
 from lingshard import hyperparams
 from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
+from lingshard.layers import dropout
 from lingshard.layers import linear
 from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import routing
@@ -135,22 +140,31 @@ class MoEBase(base_layer.BaseLayer):
                       ('gsec', 'combine/dispatch [G, S, E, C] (einsum)'),
                       ('egcm', 'dispatched inputs/outputs [E, G, C, M]'),
                       ('egch', 'expert hidden [E, G, C, H]'),
-                      ('gecm', 'expert outputs [G, E, C, M] (einsum)')):
+                      ('gecm', 'expert outputs [G, E, C, M] (einsum)'),
+                      ('gecm_experts', 'expert outputs [G, E, C, M] as the '
+                       'experts compute them (E split), before the '
+                       'all-to-all to gecm (einsum; a data x expert mesh)')):
       p.activation_split_dims_mapping.Define(name, None, f'Mapping of {doc}.')
     return p
 
   @classmethod
   def SetExpertSharding(cls, p, device_mesh, mesh_axis=0,
-                        mesh_axis_names=None):
-    """Fills every split mapping for one mesh axis (GShard §3.2).
+                        mesh_axis_names=None, data_mesh_axis=None):
+    """Fills every split mapping for one expert mesh axis (GShard §3.2).
 
     Groups (and token tensors) split on G, dispatched/expert tensors and
-    expert weights split on E, gating weights replicated.
+    expert weights split on E, gating weights replicated. On a mesh with
+    a data axis too (`data_mesh_axis`, e.g. data x expert x stage), groups
+    split over both (data major: the batch is split over data) and the
+    dispatched tensors keep G over data: the dispatch's all-to-all runs
+    within each data shard's expert axis.
     """
     p.device_mesh = np.asarray(device_mesh)
     if mesh_axis_names is not None:
       p.mesh_axis_names = list(mesh_axis_names)
     a, r = mesh_axis, -1
+    g = r if data_mesh_axis is None else data_mesh_axis
+    groups = a if data_mesh_axis is None else (data_mesh_axis, mesh_axis)
     wmap = p.weight_split_dims_mapping
     for name in ('wi', 'wo'):
       wmap.Set(**{name: [a, r, r]})
@@ -159,9 +173,14 @@ class MoEBase(base_layer.BaseLayer):
     for name, rank in cls.REPLICATED_WEIGHTS.items():
       wmap.Set(**{name: [r] * rank})
     amap = p.activation_split_dims_mapping
-    amap.gsm = [a, r, r]
-    for name in ('gsec', 'egcm', 'egch', 'gecm'):
-      amap.Set(**{name: [a, r, r, r]})
+    amap.gsm = [groups, r, r]
+    for name in ('gsec', 'gecm'):
+      amap.Set(**{name: [groups, r, r, r]})
+    for name in ('egcm', 'egch'):
+      amap.Set(**{name: [a, g, r, r]})
+    if data_mesh_axis is not None:
+      # Else XLA gathers wo over the expert axis rather than move outputs.
+      amap.gecm_experts = [g, a, r, r]
     return p
 
   @classmethod
@@ -282,7 +301,8 @@ class MoEBase(base_layer.BaseLayer):
       e, g, c, m = x_egcm.shape
       if out_layout == 'gecm':
         h = Hidden(tf.einsum('egcm,emh->egch', x_egcm, wi))
-        y = tf.einsum('egch,ehm->gecm', h, wo)
+        y = self.ShardActivation(tf.einsum('egch,ehm->gecm', h, wo),
+                                 'gecm_experts')
         if p.use_bias:
           y += tf.cast(theta.bo, dtype)[tf.newaxis, :, tf.newaxis, :]
         return y
@@ -335,8 +355,10 @@ class MoEBase(base_layer.BaseLayer):
         tf.reshape(tf.cast(inputs, self.fprop_dtype), [g, s, m]), 'gsm')
     paddings = tf.convert_to_tensor(paddings)
     nonpad_gs = 1.0 - tf.reshape(tf.cast(paddings, tf.float32), [g, s])
-    token_gs = tf.reshape(routing_rng.GlobalTokenIndex([b, t], token_offset),
-                          [g, s])
+    # A body layer a pipeline runs at several positions draws per position
+    # (the layer index of its dropout key).
+    token_gs = tf.reshape(routing_rng.GlobalTokenIndex(
+        [b, t], token_offset, dropout.LayerIndex()), [g, s])
     return x_gsm, nonpad_gs, token_gs, (b, t, m)
 
   def ComputeRouting(self, theta, inputs, paddings, step=None,
@@ -360,7 +382,10 @@ class MoEBase(base_layer.BaseLayer):
     metrics.capacity = tf.constant(float(capacity))
     for key, value in (stats.metrics or NestedMap()).items():
       metrics[key] = tf.cast(value, tf.float32)
-    return gate_out, aux_loss, metrics
+    # Summaries only: no gradient (a pipeline's remat differentiates every
+    # stage output, and e.g. CV's sqrt at an all-padding micro-batch's zero
+    # importance has an infinite derivative).
+    return gate_out, aux_loss, metrics.Transform(tf.stop_gradient)
 
   def FProp(self, theta, inputs, paddings, step=None, token_offset=0):
     """inputs [B, T, M], paddings [B, T] -> (outputs [B, T, M], aux)."""
@@ -384,4 +409,10 @@ class MoEBase(base_layer.BaseLayer):
       out_gsm = self._out_act(out_gsm) * tf.cast(nonpad_gs, out_gsm.dtype)[
           ..., tf.newaxis]
     outputs = tf.reshape(out_gsm, [b, t, m])
-    return outputs, NestedMap(aux_loss=aux_loss, metrics=metrics)
+    # What GShard's group loss averages over (groups with real tokens): a
+    # pipeline's mean over micro-batches weighted by it is the loss of the
+    # whole batch (pipeline_aux).
+    aux_weight = tf.reduce_sum(tf.cast(tf.reduce_sum(nonpad_gs, 1) > 0,
+                                       tf.float32))
+    return outputs, NestedMap(aux_loss=aux_loss, aux_weight=aux_weight,
+                              metrics=metrics)

@@ -24,6 +24,15 @@ tokens_per_expert_first and over_capacity_first/second are omitted):
   random_accept_rate           second choices kept by the policy / tokens
                                (1.0 for gates without a policy)
   num_tokens                   real tokens in the batch
+
+`CombineParts(parts)` combines the metrics of parts of a batch (a
+pipeline's micro-batches) into the batch's: counts (num_tokens,
+importance, load) sum, so the CVs and max_over_mean_load computed from
+them are exact; fractions of the real tokens are token-weighted means
+(exact), drop_frac_by_expert is weighted by each expert's wanted choices
+(exact); the other ratios (over capacity by choice / second, drops by
+position) and the gate's own metrics are token-weighted means of the
+parts' values.
 """
 
 import tensorflow as tf
@@ -137,6 +146,40 @@ def RoutingMetrics(routing, nonpad_gs, num_experts, importance_e=None,
   m.random_accept_rate = tf.reduce_sum(
       _F32(routing.accept_gs) * nonpad_gs) * inv_n
   return m
+
+
+COUNTS = ('num_tokens', 'importance', 'load')
+
+
+def CombineParts(parts):
+  """The routing metrics of a batch from those of its parts (module
+  docstring): a list of NestedMaps with one structure -> NestedMap."""
+  n_i = [_F32(m.num_tokens) for m in parts]
+
+  def Mean(key, weights=None):
+    weights = weights or n_i
+    total = tf.add_n(weights)
+    return tf.math.divide_no_nan(
+        tf.add_n([_F32(m[key]) * w for m, w in zip(parts, weights)]), total)
+
+  out = NestedMap()
+  for key in parts[0]:
+    if key in COUNTS:
+      out[key] = tf.add_n([_F32(m[key]) for m in parts])
+    elif key == 'drop_frac_by_expert' and 'tokens_per_expert_all' in parts[0]:
+      out[key] = Mean(key, [_F32(m.tokens_per_expert_all) * w
+                            for m, w in zip(parts, n_i)])
+    elif key in ('cv_importance', 'cv_load', 'max_over_mean_load'):
+      continue  # From the combined counts below.
+    else:
+      out[key] = Mean(key)
+  if 'importance' in out:
+    out.cv_importance = CV(out.importance)
+  if 'load' in out:
+    out.cv_load = CV(out.load)
+    out.max_over_mean_load = tf.math.divide_no_nan(
+        tf.reduce_max(out.load), tf.reduce_mean(out.load))
+  return NestedMap({key: out[key] for key in parts[0]})
 
 
 def WeightedMetrics(metrics, prefix):

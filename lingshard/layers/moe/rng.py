@@ -126,8 +126,21 @@ def TokenNormal(layer_seed, stream, step, token_index, num_sub=None):
   return tf.math.ndtri(u)
 
 
-def GlobalTokenIndex(batch_shape, token_offset=0):
-  """int64 [B, T] global indices `token_offset + b*T + t` (row-major)."""
+LAYER_SHIFT = 2**40  # Token counter bits below the layer index.
+
+
+def GlobalTokenIndex(batch_shape, token_offset=0, layer_index=0):
+  """int64 [B, T] global token indices (row-major).
+
+  Token t of row b is `layer_index * 2^40 + token_offset + b*T + t`, or
+  with `token_offset` an int [B] vector (each row's own first token, e.g. a
+  pipeline micro-batch's rows) `layer_index * 2^40 + token_offset[b] + t`.
+  `layer_index` (0 for a layer of its own) keeps apart the draws of one
+  body layer run at several stack positions (a pipeline).
+  """
   b, t = batch_shape
   offset = tf.cast(token_offset, tf.int64)
-  return offset + tf.reshape(tf.range(b * t, dtype=tf.int64), [b, t])
+  base = tf.cast(layer_index, tf.int64) * LAYER_SHIFT
+  if offset.shape.rank == 1:
+    return base + offset[:, tf.newaxis] + tf.range(t, dtype=tf.int64)
+  return base + offset + tf.reshape(tf.range(b * t, dtype=tf.int64), [b, t])
