@@ -95,16 +95,24 @@ def CombineMicroBatches(values):
   return out
 
 
+def _Expand(aux):
+  """A body's aux as a list of layer auxes (nested ones in key order)."""
+  if not aux or set(aux) <= set(KEYS):
+    return [aux]
+  if all(isinstance(v, dict) for v in aux.values()):
+    return [x for key in sorted(aux) for x in _Expand(NestedMap(aux[key]))]
+  _Refuse(sorted(set(aux) - set(KEYS)))
+
+
 def CombineLayers(per_layer):
   """L per-layer auxes (CombineMicroBatches) -> the stack's aux: aux_loss
-  summed, metrics averaged, moments a list of the L layers'."""
+  summed, metrics averaged, moments a list of the layers'. A body of
+  several layers contributes each of its nested auxes as a layer."""
+  per_layer = [x for aux in per_layer for x in _Expand(aux)]
   first = per_layer[0]
   out = NestedMap()
   if not first:
     return out
-  unknown = sorted(set(first) - set(KEYS))
-  if unknown:
-    _Refuse(unknown)
   if 'aux_loss' in first:
     out.aux_loss = tf.add_n([a.aux_loss for a in per_layer])
   if 'metrics' in first:

@@ -319,13 +319,16 @@ def _Numpy(t):
   return t.numpy() if hasattr(t, 'numpy') else np.asarray(t)
 
 
-def _BatchSplit(mesh):
-  """Annotates every batch tensor's dim 0 over mesh axis 0 (data parallel)."""
+def _BatchSplit(mesh, batch_axes=0, mesh_axis_names=None):
+  """Annotates every batch tensor's dim 0 over the task's batch axes (its
+  layers' logical 'batch' axis; mesh axis 0 by default): data parallel."""
 
   def Split(t):
     if t.shape.rank is None or t.shape.rank == 0:
       return t
-    return sharding.mesh_split(t, mesh, [0] + [-1] * (t.shape.rank - 1))
+    return sharding.mesh_split(t, mesh,
+                               [batch_axes] + [-1] * (t.shape.rank - 1),
+                               mesh_axis_names)
 
   return Split
 
@@ -347,9 +350,10 @@ def CheckTask(task, batch, mesh_shape, *, name=None, step=0,
     step: the `step` fprop kwarg (int64 scalar constant in the program);
       None passes no step.
     fprop_kwargs: more kwargs for LossAndGradients (constants).
-    split_batch: annotate dim 0 of every batch tensor as split over mesh
-      axis 0 (data parallelism, GShard: inputs split on the batch/group
-      dim); False leaves the layout to the model's own annotations.
+    split_batch: annotate dim 0 of every batch tensor as split over the
+      task's `batch_axes` (data parallelism, GShard: inputs split on the
+      batch/group dim; mesh axis 0 unless the task says otherwise); False
+      leaves the layout to the model's own annotations.
     expect, rtol, atol, compare: as CheckFunction.
   """
   mesh_shape = MeshShape(mesh_shape)
@@ -360,7 +364,10 @@ def CheckTask(task, batch, mesh_shape, *, name=None, step=0,
                      f'but the mesh shape {list(mesh_shape)} has {num}')
   if mesh is None:
     mesh = np.arange(num).reshape(mesh_shape)
-  split = _BatchSplit(mesh) if split_batch else (lambda t: t)
+  tp = task.params
+  split = (_BatchSplit(mesh, tp.batch_axes if tp.device_mesh is not None
+                       else 0, tp.mesh_axis_names)
+           if split_batch else (lambda t: t))
   kwargs = dict(fprop_kwargs or {})
 
   def Step(inputs):
