@@ -157,9 +157,13 @@ def _Stacked(pipe, shape, mapping):
 
 
 def _BodyKey(pipe, layer, name):
-  """The key ('ffn.fc_in.w') of `layer`'s weight `name` in the body."""
-  rel = layer.path[len(pipe.body.path):].strip('/').replace('/', '.')
-  return f'{rel}.{name}' if rel else name
+  """The key ('ffn.fc_in.w', 'layer[1].moe.wi') of `layer`'s weight `name`
+  in the body: the body's declared weight that is this very WeightParams."""
+  wp = layer.weight_params[name]
+  for key, body_wp in pipe.body.DeclaredWeights().FlattenItems():
+    if body_wp is wp:
+      return key
+  raise KeyError(f'{layer.path}/{name} is not a weight of {pipe.path}')
 
 
 def CountTask(task):

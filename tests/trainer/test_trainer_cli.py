@@ -126,7 +126,7 @@ def test_params_file(tmp_path):
   assert str(e.value) == (
       f"--params_file {bad}: line 2: 'task.nope : 1': Unknown param "
       "'task.nope'; known keys: activation, activation_split_dims_mapping, "
-      'device_mesh, dtype, fprop_dtype, hidden_dims, input_dim, '
+      'batch_axes, device_mesh, dtype, fprop_dtype, hidden_dims, input_dim, '
       'is_inference, mesh_axis_names, name, params_init, random_seed, train, '
       'weight_split_dims_mapping')
   with pytest.raises(overrides.OverrideError,
