@@ -6,16 +6,9 @@ M micro-batches of the mini-batch. The parts live in their own modules:
 stacked [K, S, ...] weights and bodies of different shapes
 (pipeline_weights), re-materialisation (pipeline_remat), combining the
 body's aux over layers and micro-batches (pipeline_aux), cost-based stage
-splits (pipeline_partition). This module is the schedule.
-
-Micro-batches are blocked within data shards (`MicroBatchRows`): with the
-batch split D ways over a data mesh axis (`batch_mesh_axis`; D = 1
-without), shard d holds rows [d B/D, (d+1) B/D) and micro-batch i is its
-i-th block of b/D consecutive rows on every shard (a reshape to [D, M,
-b/D] and a transpose): forming micro-batches moves no data, and a
-micro-batch's tokens on a shard are consecutive tokens of the mini-batch,
-so an MoE body's groups of S tokens (S dividing the b/D * T tokens) are
-the unpipelined model's groups.
+splits (pipeline_partition), one FProp's state and the micro-batch layout
+(pipeline_run: micro-batches are blocked within data shards, so an MoE
+body's groups are the unpipelined model's). This module is the schedule.
 
 The schedule (GPipe §2, fill-drain; the XLA SPMD path), a static Python
 loop (simple for XLA; the program grows with M + K), each step a hook a
@@ -79,6 +72,7 @@ from lingshard.layers import dropout
 from lingshard.layers import pipeline_aux
 from lingshard.layers import pipeline_partition
 from lingshard.layers import pipeline_remat
+from lingshard.layers import pipeline_run
 from lingshard.layers import pipeline_weights
 from lingshard.layers import remat
 from lingshard.nested_map import NestedMap
@@ -199,20 +193,12 @@ class PipelinedLayer(base_layer.BaseLayer):
 
   def _ComputeSplits(self, layer_wps):
     p = self.params
-    k, n = p.num_stages, p.num_layers
-    if p.stage_splits is not None:
-      splits = [int(x) for x in p.stage_splits]
-      if len(splits) != k or sum(splits) != n or min(splits) < 1:
-        raise PipelineError(f'{p.name}: stage_splits {splits} must be '
-                            f'{k} counts >= 1 summing to num_layers {n}')
-      return splits
-    costs = p.layer_costs
-    if costs is None:
-      costs = pipeline_weights.LayerCosts(layer_wps)
-    if len(costs) != n:
-      raise PipelineError(f'{p.name}: layer_costs has {len(costs)} entries '
-                          f'for num_layers {n}')
-    return pipeline_partition.PartitionByCost(costs, k)
+    try:
+      return pipeline_partition.StageSplits(
+          p.name, p.num_stages, p.num_layers, p.stage_splits, p.layer_costs,
+          layer_wps)
+    except pipeline_partition.PartitionError as e:
+      raise PipelineError(str(e)) from None
 
   @property
   def body(self):
@@ -288,11 +274,9 @@ class PipelinedLayer(base_layer.BaseLayer):
     return size
 
   def MicroBatchRows(self, batch, m):
-    """int64 [M, b]: the mini-batch row of each micro-batch row (module
-    docstring: blocked within each of the D data shards)."""
-    d = self.DataShards()
-    return np.arange(batch, dtype=np.int64).reshape(
-        d, m, batch // (m * d)).transpose(1, 0, 2).reshape(m, batch // m)
+    """int64 [M, b]: the mini-batch row of each micro-batch row
+    (pipeline_run: blocked within each of the D data shards)."""
+    return pipeline_run.MicroBatchRows(batch, m, self.DataShards())
 
   def FPropUnpipelined(self, theta, inputs, paddings, *extras, step=None,
                        example_offset=0, token_offset=None):
@@ -350,8 +334,9 @@ class PipelinedLayer(base_layer.BaseLayer):
                           'static')
     m = self._NumMicroBatches(int(batch))
     k = p.num_stages
-    run = _Run(self, self.ShardTheta(theta.Transform(_DenseGradient)),
-               [inputs, paddings] + list(extras), m, step, token_offset)
+    run = pipeline_run.Run(
+        self, self.ShardTheta(theta.Transform(_DenseGradient)),
+        [inputs, paddings] + list(extras), m, step, token_offset)
     state = [self.Shift(e, tf.broadcast_to(b[tf.newaxis],
                                            [k] + e.shape.as_list()))
              for e, b in zip(self.Entering(run, 0), run.bubble)]
@@ -456,51 +441,14 @@ class PipelinedLayer(base_layer.BaseLayer):
       return [x] + flat_aux
 
     def OverStages(name, fn, elems):
-      """fn on every stage: vectorised over K (K = 1: one direct call).
-
-      The vectorised function is traced (and converted by pfor) once per
-      FProp and called by every iteration: every iteration runs the same
-      stage code on same-shaped inputs (pfor conversion of the body
-      otherwise dominates a pipelined model's tracing time)."""
-      if k == 1:
-        return [t[tf.newaxis] for t in fn([t[0] for t in elems])]
-      if name not in run.vectorised:
-        # Nested in the step's trace: xla_compiled=True keeps the outer
-        # program's choice (sharding.Function). The body's annotations
-        # gain the stage dim (module docstring).
-        def Vectorised(*ts):
-          with sharding.VectorizedOver(p.stage_mesh_axis):
-            return tf.vectorized_map(fn, list(ts))
-
-        run.vectorised[name] = sharding.Function(Vectorised,
-                                                 xla_compiled=True)
-      return run.vectorised[name](*elems)
-
-    def StagesVjp(elems, dys):
-      """Per stage: recompute the forward and pull the cotangents back."""
-
-      def One(both):
-        ins, outs_dy = both[:len(elems)], both[len(elems):]
-        floats = [i for i, t in enumerate(ins) if t.dtype.is_floating]
-        with tf.GradientTape() as tape:
-          tape.watch([ins[i] for i in floats])
-          outs = OneStage(ins)
-        grads = tape.gradient(outs, [ins[i] for i in floats],
-                              output_gradients=list(outs_dy),
-                              unconnected_gradients='zero')
-        out = [tf.zeros([], tf.float32)] * len(ins)
-        for i, g in zip(floats, grads):
-          out[i] = g
-        return out
-
-      got = OverStages('vjp', One, list(elems) + list(dys))
-      floats = [t.dtype.is_floating for t in elems]
-      return [g if f else None for g, f in zip(got, floats)]
+      return run.OverStages(name, fn, elems, k, p.stage_mesh_axis)
 
     elems = theta_leaves + state
     if self.params.remat:
       results = pipeline_remat.RematStages(
-          lambda ins: OverStages('forward', OneStage, ins), StagesVjp,
+          lambda ins: OverStages('forward', OneStage, ins),
+          lambda ins, dys: pipeline_remat.StagesVjp(OverStages, OneStage,
+                                                    ins, dys),
           elems, consts, run.token, num_theta)
     else:
       # No remat: TF differentiates a loop over the K stages (activations
@@ -536,20 +484,15 @@ class PipelinedLayer(base_layer.BaseLayer):
     p = self.params
     return self._Annotate(t, [p.stage_mesh_axis, p.batch_mesh_axis])
 
-  def _ShardBatch(self, t):
+  def ShardBatch(self, t):
     """[D, ...]: D over the batch axis."""
     return self._Annotate(t, [self.params.batch_mesh_axis])
 
   def _PerLayerAux(self, aux_rows):
     """L auxes, each combined over its micro-batches, from the
     iterations' aux (stages in the bubble dropped)."""
-    per_layer = [[] for _ in range(self.params.num_layers)]
-    for aux_list, weights in aux_rows:
-      for stage in range(self.params.num_stages):
-        for slot, aux in enumerate(aux_list):
-          if weights[stage, slot]:
-            per_layer[self._stack.layer_ids[stage, slot]].append(
-                aux.Transform(lambda t, a=stage: t[a]))
+    per_layer = pipeline_aux.PerLayer(aux_rows, self._stack.layer_ids,
+                                      self.params.num_layers)
     return [self._CombineMicroBatches(values) for values in per_layer]
 
   def _CombineMicroBatches(self, values):
@@ -563,57 +506,6 @@ class PipelinedLayer(base_layer.BaseLayer):
       return pipeline_aux.CombineLayers(per_layer)
     except pipeline_aux.AuxError as e:
       raise PipelineError(f'{self.params.name}: {e}') from None
-
-
-class _Run:
-  """One FProp's schedule state, shared by the hooks: theta, the M
-  micro-batches of every per-example stream and their mini-batch rows, the
-  bubble's micro-batch, the collected outputs and aux rows, and the
-  ordering token (pipeline_remat)."""
-
-  def __init__(self, layer, theta, streams, m, step, token_offset):
-    batch = int(streams[0].shape[0])
-    self.theta, self.m, self.step = theta, m, step
-    self.token_offset = (None if token_offset is None else
-                         tf.cast(token_offset, tf.int64))
-    self.rows = layer.MicroBatchRows(batch, m)  # [M, b]
-    self._layer = layer
-    self._d = layer.DataShards()
-    # Per-example tensors as M micro-batches [b, ...] (module docstring).
-    # Unstack, not slices: see OneStage in RunStages.
-    self.micro = [tf.unstack(self._Block(t, m), num=m) for t in streams]
-    # A bubble stage's micro-batch: zeros, paddings (stream 1) ones.
-    self.bubble = [tf.zeros_like(t[0]) for t in self.micro]
-    self.bubble[1] = tf.ones_like(self.bubble[1])
-    k = layer.params.num_stages
-    last = np.zeros([k] + [1] * streams[0].shape.rank, np.float32)
-    last[-1] = 1.0
-    self.last_mask = tf.constant(last, streams[0].dtype)
-    self.token = tf.zeros([], streams[0].dtype)
-    self.outputs, self.aux_rows = [], []
-    # RunStages' vectorised stage functions (traced once per FProp) and
-    # the aux structure per slot their trace found.
-    self.vectorised, self.aux_tpls = {}, None
-
-  def _Block(self, t, m):
-    """[B, ...] -> [M, b, ...]: [D, M, b/D, ...] transposed (no data moves
-    with B split over the data axis)."""
-    d, rest = self._d, t.shape.as_list()[1:]
-    t = self._layer._ShardBatch(  # pylint: disable=protected-access
-        tf.reshape(t, [d, m, -1] + rest))
-    return tf.reshape(_SwapFirstTwo(t), [m, -1] + rest)
-
-  def Unblock(self, t_mb):
-    """[M, b, ...] -> [B, ...], the inverse of _Block."""
-    d, rest = self._d, t_mb.shape.as_list()[2:]
-    t = tf.reshape(t_mb, [self.m, d, -1] + rest)
-    t = self._layer._ShardBatch(_SwapFirstTwo(t))  # pylint: disable=protected-access
-    return tf.reshape(t, [-1] + rest)
-
-
-def _SwapFirstTwo(t):
-  """[a, b, ...] -> [b, a, ...]."""
-  return tf.transpose(t, [1, 0] + list(range(2, t.shape.rank)))
 
 
 @tf.custom_gradient

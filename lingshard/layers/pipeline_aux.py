@@ -124,6 +124,20 @@ def CombineLayers(per_layer):
   return out
 
 
+def PerLayer(aux_rows, layer_ids, num_layers):
+  """L lists (one aux per real micro-batch) from a pipeline's iterations:
+  aux_rows = [(per slot an aux with leaves [K, ...], weights [K, S] (0 =
+  bubble or padded slot))]; layer_ids [K, S] the layer of each slot."""
+  per_layer = [[] for _ in range(num_layers)]
+  for aux_list, weights in aux_rows:
+    for stage in range(weights.shape[0]):
+      for slot, aux in enumerate(aux_list):
+        if weights[stage, slot]:
+          per_layer[layer_ids[stage, slot]].append(
+              aux.Transform(lambda t, a=stage: t[a]))
+  return per_layer
+
+
 def CombineAux(per_layer):
   """per_layer: L lists (one aux NestedMap per micro-batch) -> the stack's
   aux (CombineMicroBatches per layer, then CombineLayers)."""

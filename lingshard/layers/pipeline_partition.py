@@ -11,6 +11,31 @@ Transformer partitions in well under a second, not a minute.
 
 import bisect
 
+from lingshard.layers import pipeline_weights
+
+
+class PartitionError(ValueError):
+  """Stage splits or layer costs that do not fit the stack (one line)."""
+
+
+def StageSplits(name, k, n, stage_splits, layer_costs, layer_wps):
+  """K layer counts per stage for the pipeline `name` of n layers: the given
+  `stage_splits` (checked), else PartitionByCost of `layer_costs` (None =
+  each layer's matmul FLOPs, pipeline_weights.LayerCosts of `layer_wps`)."""
+  if stage_splits is not None:
+    splits = [int(x) for x in stage_splits]
+    if len(splits) != k or sum(splits) != n or min(splits) < 1:
+      raise PartitionError(f'{name}: stage_splits {splits} must be {k} '
+                           f'counts >= 1 summing to num_layers {n}')
+    return splits
+  costs = layer_costs
+  if costs is None:
+    costs = pipeline_weights.LayerCosts(layer_wps)
+  if len(costs) != n:
+    raise PartitionError(f'{name}: layer_costs has {len(costs)} entries for '
+                         f'num_layers {n}')
+  return PartitionByCost(costs, k)
+
 
 def _CheckCosts(costs, num_stages):
   costs = [float(c) for c in costs]

@@ -59,3 +59,27 @@ def RematStages(run_stages, stages_vjp, elems, consts, token, num_theta):
     return outs, Grad
 
   return Stages(*elems, token)
+
+
+def StagesVjp(over_stages, one_stage, elems, dys):
+  """Per stage: recompute `one_stage`'s forward and pull the cotangents
+  `dys` back to every float input (None for the others), vectorised over
+  the stages by `over_stages(name, fn, elems)`."""
+
+  def One(both):
+    ins, outs_dy = both[:len(elems)], both[len(elems):]
+    floats = [i for i, t in enumerate(ins) if t.dtype.is_floating]
+    with tf.GradientTape() as tape:
+      tape.watch([ins[i] for i in floats])
+      outs = one_stage(ins)
+    grads = tape.gradient(outs, [ins[i] for i in floats],
+                          output_gradients=list(outs_dy),
+                          unconnected_gradients='zero')
+    out = [tf.zeros([], tf.float32)] * len(ins)
+    for i, g in zip(floats, grads):
+      out[i] = g
+    return out
+
+  got = over_stages('vjp', One, list(elems) + list(dys))
+  floats = [t.dtype.is_floating for t in elems]
+  return [g if f else None for g, f in zip(got, floats)]
