@@ -38,7 +38,6 @@ from lingshard.layers.moe import rng as routing_rng
 # (layer_index, example_offset, example_stride) of KeyedMasks, or None.
 _MASK_KEY = contextvars.ContextVar('lingshard_dropout_key', default=None)
 _STREAM_DROPOUT = 5  # After layers/moe/rng.py's STREAM_* ids.
-_LAYER_SHIFT = 2**40  # Element counter bits below the layer index.
 
 
 @contextlib.contextmanager
@@ -86,13 +85,6 @@ def LayerIndex():
   return 0 if key is None else key[0]
 
 
-def ExampleRows(num_rows):
-  """int64 [num_rows]: the global example index of each input row under
-  the enclosing KeyedMasks (0..num_rows-1 outside any)."""
-  key = _MASK_KEY.get() or (0, 0, 1)
-  return _Rows(key[1], num_rows, key[2])
-
-
 def _Rows(example_offset, num_rows, example_stride):
   offset = tf.cast(example_offset, tf.int64)
   if _IsRows(example_offset):
@@ -113,7 +105,7 @@ def KeyedUniform(layer_seed, step, layer_index, example_offset, shape,
   shape = tf.convert_to_tensor(shape)
   per_row = tf.cast(tf.reduce_prod(shape[1:]), tf.int64)
   row = _Rows(example_offset, shape[0], example_stride)
-  counter = (tf.cast(layer_index, tf.int64) * _LAYER_SHIFT +
+  counter = (tf.cast(layer_index, tf.int64) * routing_rng.LAYER_SHIFT +
              row[:, tf.newaxis] * per_row +
              tf.range(per_row, dtype=tf.int64)[tf.newaxis, :])
   u = routing_rng.TokenUniform(layer_seed, _STREAM_DROPOUT, step, counter)

@@ -71,6 +71,8 @@ def _Refuse(keys):
 def CombineMicroBatches(values):
   """M aux NestedMaps of one layer (one structure) -> the layer's aux."""
   first = values[0]
+  if len(values) == 1:  # The whole batch's aux already (e.g. unpipelined).
+    return NestedMap(first)
   out = NestedMap()
   if not first:
     return out
@@ -136,9 +138,3 @@ def PerLayer(aux_rows, layer_ids, num_layers):
           per_layer[layer_ids[stage, slot]].append(
               aux.Transform(lambda t, a=stage: t[a]))
   return per_layer
-
-
-def CombineAux(per_layer):
-  """per_layer: L lists (one aux NestedMap per micro-batch) -> the stack's
-  aux (CombineMicroBatches per layer, then CombineLayers)."""
-  return CombineLayers([CombineMicroBatches(values) for values in per_layer])

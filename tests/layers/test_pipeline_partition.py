@@ -19,6 +19,19 @@ def _BruteForce(costs, k):
   return best
 
 
+def _RandomCases(seed, count, max_layers, max_cost, real_frac=0.0):
+  """`count` random (costs, k): integer costs in [0, max_cost) (ties), a
+  `real_frac` of them U(0, 1) instead."""
+  rng = np.random.RandomState(seed)
+  for _ in range(count):
+    n = rng.randint(1, max_layers)
+    k = rng.randint(1, n + 1)
+    costs = rng.randint(0, max_cost, size=n).astype(float).tolist()
+    if rng.rand() < real_frac:
+      costs = rng.rand(n).tolist()
+    yield costs, k
+
+
 def test_cost_partition_beats_equal_count_split_of_unequal_layers():
   # An embedding-like heavy first layer, then light layers (GPipe §2.2).
   costs = [8.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
@@ -29,13 +42,10 @@ def test_cost_partition_beats_equal_count_split_of_unequal_layers():
 
 
 def test_cost_partition_is_optimal_against_brute_force():
-  rng = np.random.RandomState(0)
-  for _ in range(40):
-    n = rng.randint(1, 9)
-    k = rng.randint(1, n + 1)
-    costs = rng.randint(0, 10, size=n).astype(float).tolist()
+  for costs, k in _RandomCases(0, 40, 9, 10):
     splits = pipeline_partition.PartitionByCost(costs, k)
-    assert len(splits) == k and min(splits) >= 1 and sum(splits) == n
+    assert len(splits) == k and min(splits) >= 1 and sum(splits) == len(
+        costs)
     assert pipeline_partition.MaxCellCost(costs, splits) == _BruteForce(
         costs, k)
 
@@ -71,13 +81,7 @@ def _QuadraticDp(costs, k):
 
 
 def test_bisected_dp_equals_the_quadratic_dp_split_for_split():
-  rng = np.random.RandomState(1)
-  for _ in range(300):
-    n = rng.randint(1, 40)
-    k = rng.randint(1, n + 1)
-    # Many ties: small integers, zeros, equal runs.
-    costs = rng.randint(0, 4, size=n).astype(float).tolist()
-    if rng.rand() < 0.3:
-      costs = rng.rand(n).tolist()
+  # Many ties: small integers, zeros, equal runs.
+  for costs, k in _RandomCases(1, 300, 40, 4, real_frac=0.3):
     assert pipeline_partition.PartitionByCost(costs, k) == _QuadraticDp(
         costs, k), (costs, k)

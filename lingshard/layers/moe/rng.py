@@ -126,7 +126,9 @@ def TokenNormal(layer_seed, stream, step, token_index, num_sub=None):
   return tf.math.ndtri(u)
 
 
-LAYER_SHIFT = 2**40  # Token counter bits below the layer index.
+# Counter bits below the layer index: routing's tokens here, dropout's
+# elements in dropout.py.
+LAYER_SHIFT = 2**40
 
 
 def GlobalTokenIndex(batch_shape, token_offset=0, layer_index=0):
