@@ -3,14 +3,15 @@
 Given a step as a pure function of named inputs (theta, batch), the checker
 
 1. exports its HLO (`tf.function(jit_compile=True)`,
-   `experimental_get_compiler_ir(...)(stage='hlo_serialized')`) twice: once
-   without annotations (`sharding.Unannotated`; manual-partitioning calls
-   are identities) for the single-device reference, compiled and run by the
-   same XLA as the partitioned program (TF's own XLA differs from it by more
-   than partitioning does: e.g. its exp/log approximations moved gradients
-   of m4.TinyDense on a real batch by 1e-2 relative), and once inside
+   `experimental_get_compiler_ir(...)(stage='hlo_serialized')`) inside
    `sharding.SpmdPartitioning(N)` with every annotation, exactly what a TPU
-   step would compile;
+   step would compile. The single-device reference is that HLO with its
+   annotations removed (`unsharded`; a program with manual regions is
+   exported again under `sharding.Unannotated`, where manual-partitioning
+   calls are identities), compiled and run by the same XLA as the
+   partitioned program (TF's own XLA differs from it by more than
+   partitioning does: e.g. its exp/log approximations moved gradients of
+   m4.TinyDense on a real batch by 1e-2 relative);
 2. routes constants into manual regions (`manual_constants`), then
    partitions that HLO with XLA's SPMD partitioner (GShard §3.3) for
    N = prod(mesh_shape) devices and runs it on N virtual host CPU devices
@@ -49,6 +50,7 @@ from lingshard.spmd import expect as expect_lib
 from lingshard.spmd import layer_task
 from lingshard.spmd import manual_constants
 from lingshard.spmd import report
+from lingshard.spmd import unsharded
 from lingshard.spmd import xla_runtime
 
 # (rtol, atol) per dtype: partitioned reductions sum in another order.
@@ -239,22 +241,18 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
   tensors = [tf.constant(v) for v in values]
   # No autograph (sharding.Function): errors raised while tracing (e.g.
   # ShardingError) reach the caller unwrapped.
-  ref = None
-  if compare:
-    with sharding.Unannotated():
-      ref_hlo = sharding.Function(
-          Flat, xla_compiled=True, jit_compile=True
-      ).experimental_get_compiler_ir(*tensors)(stage='hlo_serialized')
-    shapes = [tuple(t.shape) for t in structure['out'].Flatten()]
-    ref = xla_runtime.CompileSpmd(ref_hlo, 1).Run(values, shapes)
-    ref = [np.asarray(r) for r in ref]
-
   start = time.perf_counter()
   with sharding.SpmdPartitioning(num):
     exported = sharding.Function(Flat, xla_compiled=True, jit_compile=True)
     hlo = exported.experimental_get_compiler_ir(*tensors)(
         stage='hlo_serialized')
   export_seconds = time.perf_counter() - start
+  ref = None
+  if compare:
+    shapes = [tuple(t.shape) for t in structure['out'].Flatten()]
+    ref = xla_runtime.CompileSpmd(_ReferenceHlo(Flat, tensors, hlo),
+                                  1).Run(values, shapes)
+    ref = [np.asarray(r) for r in ref]
   output_names = [k for k, _ in structure['out'].FlattenItems()]
   program_size = ProgramSize(hlo)
 
@@ -277,6 +275,18 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
                 rules, errors if compare else None, export_seconds,
                 run_seconds, program_size,
                 outputs=dict(zip(output_names, got)))
+
+
+def _ReferenceHlo(flat, tensors, hlo):
+  """The single-device program: the exported `hlo` without its annotations
+  (unsharded.py), or, if it has manual regions, `flat` traced again
+  without annotations (manual-partitioning calls are then identities)."""
+  if not unsharded.HasManualRegions(hlo):
+    return unsharded.StripShardings(hlo)
+  with sharding.Unannotated():
+    return sharding.Function(
+        flat, xla_compiled=True, jit_compile=True
+    ).experimental_get_compiler_ir(*tensors)(stage='hlo_serialized')
 
 
 def Result(name, mesh_shape, exe, hlo, input_names, output_names, rules,
