@@ -109,7 +109,8 @@ class BalancedMoELayer(moe_base.MoEBase):
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
     del token_gs, step  # Deterministic.
     p = self.params
-    gates_gse = tf.nn.softmax(routing.GatingLogits(x_gsm, theta.wg), axis=-1)
+    logits_gse = routing.GatingLogits(x_gsm, theta.wg)
+    gates_gse = tf.nn.softmax(logits_gse, axis=-1)
     thresholds = tf.cast(theta.thresholds, tf.float32)
     real = tf.cast(nonpad_gs, tf.bool)[..., tf.newaxis]
     metrics = NestedMap()
@@ -137,4 +138,5 @@ class BalancedMoELayer(moe_base.MoEBase):
     metrics.importance_loss = importance_loss
     load_e = tf.reduce_sum(tf.cast(mask_gse, tf.float32), axis=[0, 1])
     return (out_routing, aux_loss + importance_loss,
-            routing.GateStats(importance_e, load_e, metrics))
+            routing.GateStats(importance_e, load_e, metrics,
+                              routing.RouterZLoss(logits_gse, nonpad_gs)))

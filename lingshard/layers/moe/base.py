@@ -133,6 +133,11 @@ class MoEBase(base_layer.BaseLayer):
              'term, defined by the gate class (e.g. group_aux, importance, '
              'load, batchwise); aux_loss = sum of weight x term, 0 drops a '
              'term.')
+    p.aux_loss_weights.Define('router_z', 0.0, 'Weight of the router '
+                              'z-loss (ST-MoE eq. 5, every gate: '
+                              'routing.RouterZLoss; 1e-3 in ST-MoE; 0 = '
+                              'off, the seed papers have none). Its value '
+                              'is the metric router_z_loss.')
     for name, doc in (('wi', 'wi [E, M, H]'), ('wo', 'wo [E, H, M]'),
                       ('bi', 'bi [E, H]'), ('bo', 'bo [E, M]')):
       p.weight_split_dims_mapping.Define(name, None, f'Mapping of {doc}.')
@@ -378,6 +383,10 @@ class MoEBase(base_layer.BaseLayer):
     metrics = routing_metrics.RoutingMetrics(
         gate_out, nonpad_gs, p.num_experts, importance_e=stats.importance_e,
         load_e=stats.load_e, num_position_buckets=p.num_position_buckets)
+    if stats.router_z is not None:
+      metrics.router_z_loss = stats.router_z
+      if p.aux_loss_weights.router_z:
+        aux_loss += p.aux_loss_weights.router_z * stats.router_z
     metrics.aux_loss = aux_loss
     metrics.capacity = tf.constant(float(capacity))
     for key, value in (stats.metrics or NestedMap()).items():

@@ -151,6 +151,7 @@ class HierarchicalMoELayer(moe_base.MoEBase):
       out.gates_s_gsab = _DenseGates(out.expert_s_gsak, out.gate_s_gsak, b)
       prob_p = tf.cast(out.gates_p_gsa > 0, tf.float32)
       prob_s = tf.cast(out.gates_s_gsab > 0, tf.float32)
+      out.logits_p, out.logits_s = clean_p, clean_s
     else:
       noisy = p.noisy_gating and not p.is_inference
       std_p = normal_p = std_s = normal_s = None
@@ -170,6 +171,7 @@ class HierarchicalMoELayer(moe_base.MoEBase):
       out.expert_p, out.gate_p = prim.expert_xk, prim.gate_xk
       out.expert_s_gsak, out.gate_s_gsak = sec.expert_xk, sec.gate_xk
       out.gates_p_gsa, out.gates_s_gsab = prim.gates_xe, sec.gates_xe
+      out.logits_p, out.logits_s = prim.noisy_xe, sec.noisy_xe
       prob_p = prim.prob_xe if noisy else tf.cast(prim.gates_xe > 0,
                                                   tf.float32)
       prob_s = sec.prob_xe if noisy else tf.cast(sec.gates_xe > 0, tf.float32)
@@ -222,5 +224,8 @@ class HierarchicalMoELayer(moe_base.MoEBase):
     stats = routing.GateStats(
         tf.reshape(out.importance_ab, [-1]), tf.reshape(out.load_ab, [-1]),
         NestedMap(importance_loss=out.importance_loss,
-                  load_loss=out.load_loss))
+                  load_loss=out.load_loss),
+        # The primary router's z-loss plus every secondary router's.
+        routing.RouterZLoss(out.logits_p, nonpad_gs) +
+        routing.RouterZLoss(out.logits_s, nonpad_gs))
     return out_routing, out.aux_loss, stats

@@ -168,6 +168,8 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
     aux_loss = importance_loss
     if out.prob_xe is not None:
       aux_loss += load_loss
+    # z-loss of the logits the gate's softmax sees (noisy in training).
     stats = routing.GateStats(importance_e, load_e, NestedMap(
-        importance_loss=importance_loss, load_loss=load_loss))
+        importance_loss=importance_loss, load_loss=load_loss),
+                              routing.RouterZLoss(out.noisy_xe, nonpad_gs))
     return out_routing, aux_loss, stats

@@ -43,15 +43,20 @@ class GateStats(typing.NamedTuple):
   metrics: NestedMap of further float32 scalars by metric name: the
     gate's loss terms (e.g. `group_aux` before its weight,
     `importance_loss` after) and diagnostics (`threshold_agreement`).
+  router_z: float32 scalar, the router z-loss of the gate's logits
+    (`RouterZLoss`) before its weight; MoEBase weights it by
+    `aux_loss_weights.router_z` for every gate.
   """
   importance_e: typing.Any = None
   load_e: typing.Any = None
   metrics: typing.Any = None
+  router_z: typing.Any = None
 
   def Flatten(self):
     """Every tensor reported, vectors first."""
     out = [t for t in (self.importance_e, self.load_e) if t is not None]
-    return out + (self.metrics.Flatten() if self.metrics else [])
+    out += self.metrics.Flatten() if self.metrics else []
+    return out + ([] if self.router_z is None else [self.router_z])
 
 
 class Routing(typing.NamedTuple):
@@ -94,6 +99,36 @@ def GatingLogits(x_gsm, w_me):
   """float32 gating logits, einsum `GSM,ME->GSE` (GShard Algorithm 1 line 1)."""
   return tf.einsum('gsm,me->gse', tf.cast(x_gsm, tf.float32),
                    tf.cast(w_me, tf.float32))
+
+
+def RouterZLoss(logits, nonpad_gs):
+  """The router z-loss of ST-MoE (Zoph et al. 2022, eq. 5): the mean over
+  real tokens of logsumexp(router logits)^2. It keeps the logits small
+  (softmax and its gradient stay well conditioned in low precision), which
+  ST-MoE found stabilises router training where balancing losses did not.
+
+  Averaged per group, then over the groups with real tokens, as GShard's
+  group loss is (equal to the token mean when groups hold as many real
+  tokens; a pipeline's aux_weight-weighted combine over micro-batches is
+  then exact, pipeline_aux).
+
+  Args:
+    logits: [G, S, ..., E] float32 logits whose softmax over the last dim
+      is a gate; a token with several routers (e.g. the hierarchical
+      gate's [G, S, A, B] secondary logits) adds their terms.
+    nonpad_gs: [G, S] float32, 1 for real tokens.
+
+  Returns:
+    float32 scalar.
+  """
+  g, s = nonpad_gs.shape
+  lse = tf.math.reduce_logsumexp(tf.cast(logits, tf.float32), axis=-1)
+  z_gs = tf.reduce_sum(tf.reshape(tf.square(lse), [g, s, -1]), axis=-1)
+  n_g = tf.reduce_sum(nonpad_gs, axis=1)
+  per_group = tf.reduce_sum(z_gs * nonpad_gs, axis=1) / tf.maximum(n_g, 1.0)
+  real_g = tf.cast(n_g > 0, tf.float32)
+  return (tf.reduce_sum(per_group * real_g) /
+          tf.maximum(tf.reduce_sum(real_g), 1.0))
 
 
 def CapacityCut(wanted_gsk, position_gsk, capacity):

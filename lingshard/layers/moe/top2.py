@@ -218,4 +218,6 @@ class MoELayer(moe_base.MoEBase):
         renormalize_after_drop=p.renormalize_after_drop,
         rejected_second_takes_slot=p.rejected_second_takes_slot)
     return (out_routing, p.aux_loss_weights.group_aux * aux,
-            routing.GateStats(metrics=NestedMap(group_aux=aux)))
+            routing.GateStats(metrics=NestedMap(group_aux=aux),
+                              router_z=routing.RouterZLoss(logits_gse,
+                                                           nonpad_gs)))
