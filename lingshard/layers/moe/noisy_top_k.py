@@ -2,6 +2,8 @@
 
   H(x)_i = (x Wg)_i + StandardNormal() * Softplus((x Wnoise)_i)      eq. (4)
   G(x) = Softmax(KeepTopK(H(x), k))                                  eq. (3)
+  (gate_softmax='all', Switch Transformer §2.1: G(x)_i = Softmax(H(x))_i
+  for the top k, not renormalised: with k = 1 the router keeps a gradient)
   Importance(X) = sum_x G(x);  L_importance = w_imp * CV(Importance)^2  (6, 7)
   P(x, i) = Phi(((x Wg)_i - kth_excluding(H(x), k, i)) / Softplus(...)_i) (9)
   Load(X)_i = sum_x P(x, i);   L_load = w_load * CV(Load)^2          (10, 11)
@@ -59,13 +61,23 @@ def LoadProbability(clean_xe, noisy_xe, noise_std_xe, k):
   return tf.where(is_in, prob_if_in, prob_if_out)
 
 
-def NoisyTopK(clean_xe, k, noise_std_xe=None, normal_xe=None):
-  """Eqs. (3)-(5): top-k of H(x) then softmax over the kept values.
+GATE_SOFTMAX = ('kept', 'all')
 
-  Returns NestedMap(noisy_xe, expert_xk, gate_xk (softmax over the k kept),
+
+def NoisyTopK(clean_xe, k, noise_std_xe=None, normal_xe=None,
+              gate_softmax='kept'):
+  """Eqs. (3)-(5): top-k of H(x) then softmax over the kept values
+  (gate_softmax='kept'), or the top k's probabilities under a softmax over
+  every expert (gate_softmax='all', Switch Transformer §2.1). With k = 1,
+  'kept' gives gate 1 and no router gradient; 'all' gives p_i(x).
+
+  Returns NestedMap(noisy_xe, expert_xk, gate_xk (the k kept gates),
   gates_xe (dense G(x), zeros off the top k), prob_xe (P(x, i), or None
   without noise)).
   """
+  if gate_softmax not in GATE_SOFTMAX:
+    raise ValueError(f'gate_softmax must be one of {GATE_SOFTMAX}, got '
+                     f'{gate_softmax!r}')
   clean_xe = tf.cast(clean_xe, tf.float32)
   num_experts = clean_xe.shape[-1]
   if not 1 <= k <= num_experts:
@@ -76,7 +88,10 @@ def NoisyTopK(clean_xe, k, noise_std_xe=None, normal_xe=None):
     noisy_xe = clean_xe
   _, top_idx = tf.math.top_k(tf.stop_gradient(noisy_xe), k=k)
   top_vals = top2.TakeByIndex(noisy_xe, top_idx)
-  gate_xk = tf.nn.softmax(top_vals, axis=-1)
+  if gate_softmax == 'all':
+    gate_xk = top2.TakeByIndex(tf.nn.softmax(noisy_xe, axis=-1), top_idx)
+  else:
+    gate_xk = tf.nn.softmax(top_vals, axis=-1)
   gates_xe = tf.einsum('...k,...ke->...e', gate_xk,
                        tf.one_hot(top_idx, num_experts, dtype=tf.float32))
   prob_xe = None
@@ -122,6 +137,11 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
                               'w * CV(Load)^2 (noisy training only).')
     p.Define('renormalize_after_drop', False, 'Renormalise kept weights '
              'after capacity drops.')
+    p.Define('gate_softmax', 'kept', "kept: softmax over the k kept logits "
+             "(Shazeer eq. 3); all: each chosen expert's gate is its "
+             'probability under a softmax over all E logits, not '
+             'renormalised (Switch Transformer §2.1: with k = 1 the router '
+             'keeps a gradient).')
     p.weight_split_dims_mapping.Define('wg', None, 'Mapping of Wg [M, E].')
     p.weight_split_dims_mapping.Define('w_noise', None,
                                        'Mapping of Wnoise [M, E].')
@@ -131,6 +151,7 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
     super().__init__(params)
     p = self.params
     self.CheckExpertsPerToken()
+    self.CheckOneOf('gate_softmax', GATE_SOFTMAX)
     zero = WeightInit.Constant(0.0)
     shape = [p.input_dim, p.num_experts]
     self.CreateVariable('wg', base_layer.WeightParams(shape, init=zero))
@@ -150,7 +171,8 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
       normal_gse = routing_rng.TokenNormal(
           self.layer_seed, routing_rng.STREAM_NOISE, step, token_gs,
           p.num_experts)
-    return NoisyTopK(clean_gse, p.num_experts_per_token, std_gse, normal_gse)
+    return NoisyTopK(clean_gse, p.num_experts_per_token, std_gse, normal_gse,
+                     gate_softmax=p.gate_softmax)
 
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
     p = self.params
