@@ -281,8 +281,10 @@ def _ReferenceHlo(flat, tensors, hlo):
   """The single-device program: the exported `hlo` without its annotations
   (unsharded.py), or, if it has manual regions, `flat` traced again
   without annotations (manual-partitioning calls are then identities)."""
-  if not unsharded.HasManualRegions(hlo):
+  try:
     return unsharded.StripShardings(hlo)
+  except unsharded.ManualRegionError:
+    pass
   with sharding.Unannotated():
     return sharding.Function(
         flat, xla_compiled=True, jit_compile=True

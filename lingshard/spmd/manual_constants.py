@@ -23,8 +23,8 @@ mesh axes (subgroup shardings) are left alone.
 
 from lingshard.spmd import xla_runtime
 
-_FULL_TO_SHARD = 'SPMDFullToShardShape'
-_SHARD_TO_FULL = 'SPMDShardToFullShape'
+FULL_TO_SHARD = 'SPMDFullToShardShape'
+SHARD_TO_FULL = 'SPMDShardToFullShape'
 
 
 def _IsFullyManual(sharding):
@@ -32,7 +32,8 @@ def _IsFullyManual(sharding):
   return sharding.type == xla_data.OpSharding.MANUAL
 
 
-def _Target(instr):
+def CustomCallTarget(instr):
+  """The custom call's target, '' for other instructions."""
   return instr.custom_call_target if instr.opcode == 'custom-call' else ''
 
 
@@ -40,10 +41,10 @@ def ManualFlags(comp):
   """{id: True} for instructions of a fully manual region (dataflow)."""
   manual = {}
   for instr in comp.instructions:
-    target = _Target(instr)
-    if target == _FULL_TO_SHARD:
+    target = CustomCallTarget(instr)
+    if target == FULL_TO_SHARD:
       manual[instr.id] = _IsFullyManual(instr.sharding)
-    elif target == _SHARD_TO_FULL:
+    elif target == SHARD_TO_FULL:
       manual[instr.id] = False
     else:
       manual[instr.id] = any(manual.get(o, False) for o in instr.operand_ids)
@@ -64,7 +65,7 @@ def RouteConstantsIntoManualRegions(serialized_hlo):
     entry = {}      # operand id -> id of its manual twin
     inserted = {}   # operand id -> [new instructions placed after it]
     for instr in comp.instructions:
-      if not manual[instr.id] or _Target(instr) == _FULL_TO_SHARD:
+      if not manual[instr.id] or CustomCallTarget(instr) == FULL_TO_SHARD:
         continue
       for k, operand_id in enumerate(instr.operand_ids):
         if manual.get(operand_id, False):
@@ -75,7 +76,7 @@ def RouteConstantsIntoManualRegions(serialized_hlo):
           for target, sharding in (
               ('Sharding', xla_data.OpSharding(
                   type=xla_data.OpSharding.REPLICATED)),
-              (_FULL_TO_SHARD, xla_data.OpSharding(
+              (FULL_TO_SHARD, xla_data.OpSharding(
                   type=xla_data.OpSharding.MANUAL))):
             call = hlo_protos.HloInstructionProto(
                 name=f'{operand.name}.to_manual{next_id}', opcode='custom-call',

@@ -11,24 +11,27 @@ then differs from the partitioned program in nothing but the annotations.
 
 Manual regions (`sharding.auto_to_manual`, GShard §3.2) are not
 identities: their shapes depend on the device count, and one device's
-trace of the same code takes other shapes. `HasManualRegions` tells the
-checker to trace such a program again without annotations instead.
+trace of the same code takes other shapes. `StripShardings` refuses them
+(`ManualRegionError`); the checker then traces such a program again
+without annotations.
 """
 
+from lingshard.spmd import manual_constants
 from lingshard.spmd import xla_runtime
 
 _SHARDING = 'Sharding'
-_MANUAL_TARGETS = ('SPMDFullToShardShape', 'SPMDShardToFullShape')
+_MANUAL_TARGETS = (manual_constants.FULL_TO_SHARD,
+                   manual_constants.SHARD_TO_FULL)
 
 
-def _Target(instr):
-  return instr.custom_call_target if instr.opcode == 'custom-call' else ''
+class ManualRegionError(ValueError):
+  """The program enters or leaves manual partitioning."""
 
 
 def HasManualRegions(serialized_hlo):
   """True if the HloModuleProto bytes enter or leave manual partitioning."""
   module = xla_runtime.ParseHloModule(serialized_hlo)
-  return any(_Target(i) in _MANUAL_TARGETS
+  return any(manual_constants.CustomCallTarget(i) in _MANUAL_TARGETS
              for c in module.computations for i in c.instructions)
 
 
@@ -37,16 +40,16 @@ def StripShardings(serialized_hlo):
   use reads the call's operand instead) or sharding attributes.
 
   Raises:
-    ValueError: the module has manual regions (see HasManualRegions).
+    ManualRegionError: the module has manual regions.
   """
   module = xla_runtime.ParseHloModule(serialized_hlo)
   for comp in module.computations:
     alias = {}  # id of a Sharding call -> the id it forwards.
     for instr in comp.instructions:
-      target = _Target(instr)
+      target = manual_constants.CustomCallTarget(instr)
       if target in _MANUAL_TARGETS:
-        raise ValueError(f'{instr.name}: a manual region ({target}) is not '
-                         'an identity without its annotations')
+        raise ManualRegionError(f'{instr.name}: a manual region ({target}) '
+                                'is not an identity without its annotations')
       if target == _SHARDING:
         if len(instr.operand_ids) != 1:
           raise ValueError(f'{instr.name}: a Sharding call with '
