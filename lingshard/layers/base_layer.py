@@ -46,7 +46,8 @@ _ROOT_DEFAULTS = {
 
 
 def WeightParams(shape, init=None, dtype=None, device_mesh=None,
-                 tensor_split_dims_mapping=None, trainable=True):
+                 tensor_split_dims_mapping=None, trainable=True,
+                 count_update_rate=None):
   """Declares one weight; None fields are filled from the layer's params."""
   p = hyperparams.Params()
   p.Define('shape', list(shape), 'Weight shape.')
@@ -57,6 +58,11 @@ def WeightParams(shape, init=None, dtype=None, device_mesh=None,
            'Mesh axis per dim (-1 replicated); None = the layer\'s '
            'weight_split_dims_mapping.<name>.')
   p.Define('trainable', trainable, 'Whether gradients update this weight.')
+  p.Define('count_update_rate', count_update_rate, 'None: the optimizer '
+           'updates the weight (if trainable). A rate gamma: its gradient '
+           'slot carries counts c and the train step sets w += gamma * '
+           'sign(mean(c) - c) over the last dim instead '
+           '(layers/moe/bias_balance.py).')
   return p
 
 

@@ -5,7 +5,8 @@
 of NestedMaps of tensors and the int64 number of updates done before this
 one. It calls `task.LossAndGradients` (THE step math), sums the
 replicas' shares of the global loss when there are several, clips by global norm, applies the optimizer
-with the scheduled learning rate, and refuses the update (returns the inputs)
+with the scheduled learning rate (weights with a `count_update_rate`
+take the count rule of layers/moe/bias_balance.py instead), and refuses the update (returns the inputs)
 when the loss, the gradients, the new weights or the new optimizer slots are
 not finite. Nothing in it reads or writes variables, so the same function is
 compiled whole by XLA (`jit=True`) on one device, run per replica under
@@ -24,6 +25,7 @@ import tensorflow as tf
 
 from lingshard import base_input
 from lingshard import sharding
+from lingshard.layers.moe import bias_balance
 from lingshard.nested_map import NestedMap
 from lingshard.optim import base as optim_base
 from lingshard.optim import schedules
@@ -66,6 +68,10 @@ class TrainStep:
     schedules.LearningRate(tp.lr_schedule, tp.learning_rate, tp.warmup_steps,
                            0)  # Validates the schedule name now.
     self.inject_nan_at_step = inject_nan_at_step
+    # Per theta leaf: None, or the rate of a weight updated from the counts
+    # in its gradient slot (layers/moe/bias_balance.py), not by the optimizer.
+    self.count_update_rates = bias_balance.CountUpdateRates(
+        task.DeclaredWeights())
     # No autograph (sharding.Function): a configuration error raised while
     # tracing (e.g. pipeline.PipelineError) reaches the trainer as itself.
     self._compiled = sharding.Function(self.Pure, xla_compiled=jit,
@@ -142,6 +148,11 @@ class TrainStep:
     tp = self.train_params
     step = tf.cast(step, tf.int64)
     grad_leaves = [tf.cast(g, tf.float32) for g in grads.Flatten()]
+    counts = {}
+    for i, rate in enumerate(self.count_update_rates):
+      if rate is not None:  # Counts, not a gradient: no optimizer, no norm.
+        counts[i] = grad_leaves[i]
+        grad_leaves[i] = tf.zeros_like(grad_leaves[i])
     grad_norm = tf.linalg.global_norm(grad_leaves)
     if tp.clip_gradient_norm_to_value > 0:
       grad_leaves, _ = tf.clip_by_global_norm(
@@ -150,6 +161,12 @@ class TrainStep:
                                 tp.warmup_steps, step)
     new_theta, new_state = self.optimizer.Apply(
         theta, grads.Pack(grad_leaves), opt_state, lr, step)
+    if counts:
+      leaves, old = new_theta.Flatten(), theta.Flatten()
+      for i, c in counts.items():
+        leaves[i] = bias_balance.UpdatedBias(old[i], c,
+                                             self.count_update_rates[i])
+      new_theta = new_theta.Pack(leaves)
     ok = tf.reduce_all(tf.stack([
         tf.math.is_finite(metrics.loss[0]), tf.math.is_finite(grad_norm),
         _AllFinite(new_theta.Flatten() + tf.nest.flatten(new_state))]))

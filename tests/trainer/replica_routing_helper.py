@@ -41,13 +41,14 @@ def Params():
   """Dropout 0.1 everywhere (masks keyed by global example); groups of 2
   consecutive tokens, so a group holds the same tokens on any number of
   replicas; capacity 1 for 2 tokens x 2 choices over 4 experts: drops
-  happen."""
+  happen. Auxiliary-loss-free balancing on (its bias starts at 0, so the
+  step's routing is unchanged; the update reads the batch's counts)."""
   p = mt_testlib.TinyParams(input_dropout_prob=0.1,
                             residual_dropout_prob=0.1,
                             atten_dropout_prob=0.1, label_smoothing=0.0)
   p.moe_tpl = top2.MoELayer.Params().Set(
       num_experts=4, group_size=2, num_groups=None, expert_capacity=1,
-      second_expert_policy='random',
+      second_expert_policy='random', selection_bias_rate=0.01,
       **{'aux_loss_weights.group_aux': 0.5})
   return p
 
@@ -96,7 +97,12 @@ def Runs():
         metrics={k: np.asarray(v[0]).tolist() for k, v in metrics.items()},
         theta_sum=float(sum(np.abs(np.asarray(t)).sum()
                             for t in theta.Flatten())),
-        routing=[x.tolist() for x in layers])
+        routing=[x.tolist() for x in layers],
+        # Auxiliary-loss-free bias after the step: moved by the counts of
+        # the whole global batch (summed over replicas like gradients).
+        selection_bias=[np.asarray(t).tolist()
+                        for k, t in theta.FlattenItems()
+                        if k.endswith('selection_bias')])
   return out
 
 

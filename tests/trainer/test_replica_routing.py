@@ -5,7 +5,9 @@ expert (keyed by global token, routing_rng) makes the same decisions,
 dropout draws the same masks (keyed by global example, dropout.py), and
 each replica differentiates its share of the global loss (token-weighted
 cross-entropy plus the aux loss averaged over replicas), so the loss and
-the update equal one device's on the same global batch. With every replica
+the update equal one device's on the same global batch (the
+auxiliary-loss-free selection bias too: its counts are summed over
+replicas). With every replica
 at offset 0 (the trainer before #15) the routing differs."""
 
 import json
@@ -48,7 +50,12 @@ def test_two_and_four_replicas_route_like_one_device():
                                  err_msg=f'{n} replicas: {key}')
     np.testing.assert_allclose(runs[n]['theta_sum'], one['theta_sum'],
                                rtol=1e-6)
+    # The selection bias moved by the global batch's counts, not a
+    # replica's own (layers/moe/bias_balance.py).
+    assert runs[n]['selection_bias'] == one['selection_bias'], n
   assert zero['1']['routing'] == one['routing']
+  assert len(one['selection_bias']) == 2
+  assert all(np.abs(b).max() > 0 for b in one['selection_bias'])
   for n in ('2', '4'):
     assert zero[n]['routing'] != one['routing'], n
     assert abs(zero[n]['metrics']['xent'] - one['metrics']['xent']) > 1e-4

@@ -56,6 +56,7 @@ from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import linear
+from lingshard.layers.moe import bias_balance
 from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
@@ -90,6 +91,7 @@ class MoEBase(base_layer.BaseLayer):
   """
 
   REPLICATED_WEIGHTS = {}
+  SELECTION_BIAS = False  # Route() applies SelectionBias(theta).
 
   @classmethod
   def Params(cls):
@@ -138,6 +140,14 @@ class MoEBase(base_layer.BaseLayer):
                               'routing.RouterZLoss; 1e-3 in ST-MoE; 0 = '
                               'off, the seed papers have none). Its value '
                               'is the metric router_z_loss.')
+    p.Define('selection_bias_rate', 0.0, 'gamma of auxiliary-loss-free '
+             'balancing (DeepSeek-V3 §2.1.2, moe/bias_balance.py): a '
+             'per-expert bias [E] added to the scores for the top-k '
+             'selection only, moved by gamma * sign(mean load - load) after '
+             'every step (DeepSeek-V3: 0.001). 0 = off (no variable). Gates '
+             'with SELECTION_BIAS (GShard top-2, noisy top-k).')
+    p.weight_split_dims_mapping.Define('selection_bias', None, 'Mapping of '
+                                       'selection_bias [E] (replicated).')
     for name, doc in (('wi', 'wi [E, M, H]'), ('wo', 'wo [E, H, M]'),
                       ('bi', 'bi [E, H]'), ('bo', 'bo [E, M]')):
       p.weight_split_dims_mapping.Define(name, None, f'Mapping of {doc}.')
@@ -175,7 +185,7 @@ class MoEBase(base_layer.BaseLayer):
       wmap.Set(**{name: [a, r, r]})
     for name in ('bi', 'bo'):
       wmap.Set(**{name: [a, r]})
-    for name, rank in cls.REPLICATED_WEIGHTS.items():
+    for name, rank in dict(cls.REPLICATED_WEIGHTS, selection_bias=1).items():
       wmap.Set(**{name: [r] * rank})
     amap = p.activation_split_dims_mapping
     amap.gsm = [groups, r, r]
@@ -241,6 +251,28 @@ class MoEBase(base_layer.BaseLayer):
       zero = WeightInit.Constant(0.0)
       self.CreateVariable('bi', base_layer.WeightParams([e, h], init=zero))
       self.CreateVariable('bo', base_layer.WeightParams([e, m], init=zero))
+    if p.selection_bias_rate:
+      self._CreateSelectionBias()
+
+  def _CreateSelectionBias(self):
+    p = self.params
+    if not type(self).SELECTION_BIAS:
+      raise ValueError(f'{p.name}: selection_bias_rate needs a top-k gate '
+                       f'(GShard top-2, noisy top-k); {type(self).__name__} '
+                       'does not select by per-token scores')
+    if p.selection_bias_rate < 0:
+      raise ValueError(f'{p.name}: selection_bias_rate must be >= 0, got '
+                       f'{p.selection_bias_rate}')
+    self.CreateVariable(bias_balance.WEIGHT, base_layer.WeightParams(
+        [p.num_experts], init=WeightInit.Constant(0.0), trainable=False,
+        count_update_rate=float(p.selection_bias_rate)))
+
+  def SelectionBias(self, theta):
+    """The [E] bias a gate adds to its scores to select (no gradient), or
+    None when off."""
+    if not self.params.selection_bias_rate:
+      return None
+    return tf.stop_gradient(tf.cast(theta.selection_bias, tf.float32))
 
   # ------------------------------------------------------------- grouping
   def GroupShape(self, num_tokens):
@@ -380,6 +412,12 @@ class MoEBase(base_layer.BaseLayer):
     p = self.params
     gate_out, aux_loss, stats = self.Route(theta, x_gsm, nonpad_gs, token_gs,
                                            step, capacity)
+    if p.selection_bias_rate and not p.is_inference:
+      # The batch's selection counts reach the step in the bias's gradient.
+      counts_e = bias_balance.SelectionCounts(gate_out.expert_gsk, nonpad_gs,
+                                              p.num_experts)
+      gate_out = gate_out._replace(weight_gsk=bias_balance.CountCarrier(
+          gate_out.weight_gsk, theta.selection_bias, counts_e))
     metrics = routing_metrics.RoutingMetrics(
         gate_out, nonpad_gs, p.num_experts, importance_e=stats.importance_e,
         load_e=stats.load_e, num_position_buckets=p.num_position_buckets)

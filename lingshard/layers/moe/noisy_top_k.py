@@ -65,11 +65,14 @@ GATE_SOFTMAX = ('kept', 'all')
 
 
 def NoisyTopK(clean_xe, k, noise_std_xe=None, normal_xe=None,
-              gate_softmax='kept'):
+              gate_softmax='kept', selection_bias_e=None):
   """Eqs. (3)-(5): top-k of H(x) then softmax over the kept values
   (gate_softmax='kept'), or the top k's probabilities under a softmax over
   every expert (gate_softmax='all', Switch Transformer §2.1). With k = 1,
   'kept' gives gate 1 and no router gradient; 'all' gives p_i(x).
+
+  `selection_bias_e` [E] (bias_balance.py) is added to H(x) to pick the
+  top k only; the gates are computed from H(x) without it.
 
   Returns NestedMap(noisy_xe, expert_xk, gate_xk (the k kept gates),
   gates_xe (dense G(x), zeros off the top k), prob_xe (P(x, i), or None
@@ -86,7 +89,10 @@ def NoisyTopK(clean_xe, k, noise_std_xe=None, normal_xe=None,
     noisy_xe = clean_xe + normal_xe * noise_std_xe
   else:
     noisy_xe = clean_xe
-  _, top_idx = tf.math.top_k(tf.stop_gradient(noisy_xe), k=k)
+  scores_xe = tf.stop_gradient(noisy_xe)
+  if selection_bias_e is not None:
+    scores_xe += selection_bias_e
+  _, top_idx = tf.math.top_k(scores_xe, k=k)
   top_vals = top2.TakeByIndex(noisy_xe, top_idx)
   if gate_softmax == 'all':
     gate_xk = top2.TakeByIndex(tf.nn.softmax(noisy_xe, axis=-1), top_idx)
@@ -119,6 +125,7 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
   """
 
   REPLICATED_WEIGHTS = {'wg': 2, 'w_noise': 2}
+  SELECTION_BIAS = True
 
   @classmethod
   def Params(cls):
@@ -152,6 +159,11 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
     p = self.params
     self.CheckExpertsPerToken()
     self.CheckOneOf('gate_softmax', GATE_SOFTMAX)
+    if (p.selection_bias_rate and p.noisy_gating and
+        p.aux_loss_weights.load):
+      raise ValueError(f'{p.name}: selection_bias_rate > 0 needs '
+                       'aux_loss_weights.load = 0 (eq. 9\'s P(x, i) does not '
+                       'see the selection bias)')
     zero = WeightInit.Constant(0.0)
     shape = [p.input_dim, p.num_experts]
     self.CreateVariable('wg', base_layer.WeightParams(shape, init=zero))
@@ -172,7 +184,8 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
           self.layer_seed, routing_rng.STREAM_NOISE, step, token_gs,
           p.num_experts)
     return NoisyTopK(clean_gse, p.num_experts_per_token, std_gse, normal_gse,
-                     gate_softmax=p.gate_softmax)
+                     gate_softmax=p.gate_softmax,
+                     selection_bias_e=self.SelectionBias(theta))
 
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
     p = self.params

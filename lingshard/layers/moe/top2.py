@@ -71,8 +71,12 @@ def GroupAuxLoss(gates_gse, first_expert_gs, nonpad_gs):
 
 
 def Top2Choices(logits_gse, second_expert_policy='all', uniform_gs=None,
-                gumbel_gse=None):
+                gumbel_gse=None, selection_bias_e=None):
   """Algorithm 1 lines 2, 5, 6, 16, 19 (no capacity): per-token choices.
+
+  `selection_bias_e` [E] (auxiliary-loss-free balancing, bias_balance.py)
+  is added to the gates to pick the top 2 only; g1, g2 stay the gates
+  ('sampling' draws its second expert without it).
 
   Returns (gates_gse, expert_gs2, gate_gs2 = normalised (g1, g2), accept_gs
   = the second choice passes the policy).
@@ -87,7 +91,10 @@ def Top2Choices(logits_gse, second_expert_policy='all', uniform_gs=None,
   gates_gse = tf.nn.softmax(logits_gse, axis=-1)               # line 2
   # Line 5: top-2 (ties -> lower expert index first); values re-read from
   # the gates by one-hot so gradients stay per token (TakeByIndex).
-  _, top_e = tf.math.top_k(tf.stop_gradient(gates_gse), k=2)
+  scores_gse = tf.stop_gradient(gates_gse)
+  if selection_bias_e is not None:
+    scores_gse += selection_bias_e
+  _, top_e = tf.math.top_k(scores_gse, k=2)
   e1 = top_e[..., 0]
   if second_expert_policy == 'sampling':
     if gumbel_gse is None:
@@ -114,7 +121,7 @@ def Top2Choices(logits_gse, second_expert_policy='all', uniform_gs=None,
 
 def Top2Gating(logits_gse, nonpad_gs, capacity, second_expert_policy='all',
                uniform_gs=None, gumbel_gse=None, renormalize_after_drop=False,
-               rejected_second_takes_slot=True):
+               rejected_second_takes_slot=True, selection_bias_e=None):
   """GShard top-2 gating, Algorithm 1 vectorized over G groups.
 
   Args:
@@ -129,13 +136,15 @@ def Top2Gating(logits_gse, nonpad_gs, capacity, second_expert_policy='all',
     renormalize_after_drop: divide kept weights by their sum (paper: no).
     rejected_second_takes_slot: Algorithm 1 line 22 as written (see module
       docstring).
+    selection_bias_e: optional [E] bias for selection only (Top2Choices).
 
   Returns:
     (routing.Routing, aux (line 13, unweighted, E^2-scaled),
     NestedMap(gates_gse, f_ge, m_ge) of GroupAuxLoss).
   """
   gates_gse, expert_gsk, gate_gsk, accept_gs = Top2Choices(
-      logits_gse, second_expert_policy, uniform_gs, gumbel_gse)
+      logits_gse, second_expert_policy, uniform_gs, gumbel_gse,
+      selection_bias_e)
   nonpad_gs = tf.cast(nonpad_gs, tf.float32)
   num_experts = gates_gse.shape[-1]
   out = routing.TokenChoiceRouting(
@@ -156,6 +165,7 @@ class MoELayer(moe_base.MoEBase):
   """
 
   REPLICATED_WEIGHTS = {'wg': 2}
+  SELECTION_BIAS = True
 
   @classmethod
   def Params(cls):
@@ -216,7 +226,8 @@ class MoELayer(moe_base.MoEBase):
         logits_gse, nonpad_gs, capacity, p.second_expert_policy,
         uniform_gs=uniform_gs, gumbel_gse=gumbel_gse,
         renormalize_after_drop=p.renormalize_after_drop,
-        rejected_second_takes_slot=p.rejected_second_takes_slot)
+        rejected_second_takes_slot=p.rejected_second_takes_slot,
+        selection_bias_e=self.SelectionBias(theta))
     return (out_routing, p.aux_loss_weights.group_aux * aux,
             routing.GateStats(metrics=NestedMap(group_aux=aux),
                               router_z=routing.RouterZLoss(logits_gse,

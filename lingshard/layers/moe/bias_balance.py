@@ -1,0 +1,71 @@
+"""Auxiliary-loss-free load balancing (DeepSeek-V3, Liu et al. 2024, §2.1.2).
+
+A per-expert bias b [E] is added to the router's scores for the top-k
+selection only; the gate values (combine weights) stay the unbiased
+scores:
+
+    selected(x) = TopK(score(x) + b, k)          (selection: biased)
+    g_i(x) = score(x)_i for i in selected(x)     (weights: unbiased)
+
+After every step, each bias moves against its expert's load:
+
+    b_e <- b_e + gamma * sign(mean_e'(c_e') - c_e)            (§2.1.2)
+
+c_e = the choices of real tokens that selected expert e in the step (every
+rank of a token's top k, before capacity and second-expert policy: the
+selection the bias steers), summed over the whole batch: every group,
+micro-batch, replica and SPMD shard.
+
+How the counts reach the step: b is a non-trainable weight whose gradient
+slot carries c (`CountCarrier`: an identity on the combine weights whose
+custom gradient for b is c). Gradients are already summed wherever the
+counts must be (a pipeline's micro-batches, replicas' CrossReplicaSum, an
+SPMD step's all-reduce), so the step receives the batch's counts in the
+bias's gradient. The step (train/step.py) gives such weights (WeightParams
+`count_update_rate` = gamma) no optimizer update and no share of the
+gradient norm, and applies `UpdatedBias` instead. The bias is a variable
+of the layer: checkpointed and restored with the other weights.
+
+Off by default (`selection_bias_rate` 0: no variable); DeepSeek-V3 uses
+gamma = 0.001 with its balancing loss weight near 0.
+"""
+
+import tensorflow as tf
+
+WEIGHT = 'selection_bias'
+
+
+def SelectionCounts(expert_gsk, nonpad_gs, num_experts):
+  """c [E]: choices of real tokens per expert, einsum `GSKE,GS->E` (float32)."""
+  onehot_gske = tf.one_hot(expert_gsk, num_experts, dtype=tf.float32)
+  return tf.einsum('gske,gs->e', onehot_gske, tf.cast(nonpad_gs, tf.float32))
+
+
+def CountCarrier(t, bias_e, counts_e):
+  """`t` unchanged; d/d(bias_e) = counts_e, whatever the upstream gradient.
+
+  `t` must reach the loss (the combine weights do), so the tape visits the
+  carrier and the bias's gradient slot holds this batch part's counts.
+  """
+  counts_e = tf.stop_gradient(tf.cast(counts_e, bias_e.dtype))
+
+  @tf.custom_gradient
+  def Carry(t, bias_e):
+    def Grad(dt):
+      return dt, counts_e
+    return tf.identity(t), Grad
+
+  return Carry(t, bias_e)
+
+
+def UpdatedBias(bias, counts, rate):
+  """b + rate * sign(mean(c) - c) over the last dim (experts; leading dims
+  are a pipeline's stacked [K, S] copies, each its own layer)."""
+  counts = tf.cast(counts, bias.dtype)
+  mean = tf.reduce_mean(counts, axis=-1, keepdims=True)
+  return bias + tf.cast(rate, bias.dtype) * tf.sign(mean - counts)
+
+
+def CountUpdateRates(declared):
+  """[gamma or None] per leaf of theta, from the task's DeclaredWeights()."""
+  return [wp.count_update_rate for wp in declared.Flatten()]
