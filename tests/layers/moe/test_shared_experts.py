@@ -83,6 +83,24 @@ def test_shared_output_adds_before_the_output_activation():
   np.testing.assert_allclose(y.numpy(), want, rtol=1e-5, atol=1e-6)
 
 
+def test_shared_hidden_dropout_in_training_only():
+  """The shared hidden takes the experts' dropout_rate, with a mask of its
+  own (the routed experts' masks are unchanged: y - y0 is the shared part)."""
+  x, pad = _Batch()
+  want = _NumpyShared(_Pair('top2')[0].theta, x, pad, False)
+  for is_inference in (False, True):
+    layer, routed, theta0 = _Pair('top2', dropout_rate=0.5,
+                                  is_inference=is_inference)
+    part = [(layer.FProp(layer.theta, x, pad, step=s)[0] -
+             routed.FProp(theta0, x, pad, step=s)[0]).numpy() for s in (1, 2)]
+    if is_inference:
+      np.testing.assert_allclose(part[0], want, rtol=1e-5, atol=1e-5)
+    else:
+      assert np.abs(part[0] - want).max() > 1e-2
+      assert np.abs(part[0] - part[1]).max() > 1e-2  # A mask per step.
+    assert np.all(part[0][pad == 1] == 0)
+
+
 def test_shared_gradients_equal_a_tf_reference():
   layer, _, _ = _Pair('top2')
   x, pad = _Batch()
