@@ -47,6 +47,7 @@ from lingshard.data import splits
 from lingshard.data import vocab
 from lingshard.layers import pipeline
 from lingshard.models import mt_model
+from lingshard.layers.moe import noisy_top_k
 from lingshard.layers.moe import top2
 
 # Where `python -m lingshard.data.prepare` writes the corpus by default.
@@ -408,3 +409,34 @@ class TinyMoE12L(TinyCorpus):
 
   def Task(self):
     return TinyMoEVariant(TINY_EXPERTS, num_layers=12)
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoEShared(TinyCorpus):
+  """TinyMoE with DeepSeekMoE's shared expert (§3.2) and a Switch router.
+
+  Each MoE layer: 1 shared expert (hidden 256, every token) + 8 routed
+  experts, top-1 (noisy top-k gate, gate_softmax='all', Switch
+  Transformer §2.1; Shazeer's noise and importance/load losses), so a
+  token runs 2 expert FFNs as in TinyMoE's top-2; capacity factor 1.0
+  (C = S/E: 1 routed + 1 shared slot per token, TinyMoE's 2S/E slots per
+  expert for 2 choices). 2,223,872 weights (1,048,576 routed and 131,072
+  shared expert weights, 4,096 gating: Wg and Wnoise); 2,605,056 forward
+  matmul FLOPs per (source + target) token (count_params): TinyMoE's
+  2,600,960 plus 2 x the second gating matrix Wnoise [M, E] of each of
+  its 2 MoE layers.
+  """
+
+  def Task(self):
+    p = Transformer(4, hidden_dim=TINY_EXPERT_HIDDEN, num_experts=TINY_EXPERTS,
+                    **TINY)
+    top2_p = p.moe_tpl
+    mp = noisy_top_k.NoisyTopKMoELayer.Params().Set(
+        num_experts=TINY_EXPERTS, num_groups=top2_p.num_groups,
+        capacity_factor=top2_p.capacity_factor,
+        eval_capacity_factor=top2_p.eval_capacity_factor,
+        dispatch_impl=top2_p.dispatch_impl, num_experts_per_token=1,
+        gate_softmax='all', num_shared_experts=1)
+    p.moe_tpl = noisy_top_k.NoisyTopKMoELayer.SetExpertSharding(
+        mp, p.device_mesh)
+    return TinyTrain(p)

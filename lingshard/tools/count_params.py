@@ -8,8 +8,9 @@ variables are created lazily, so nothing is allocated) and walks
 mapping of every weight. Reports
 
 - parameters by kind: embedding (source/target embeddings and softmax),
-  attention (q/k/v/o projections), dense FFN, experts (MoE expert weights),
-  gating (MoE router weights), layer norm, LSTM;
+  attention (q/k/v/o projections), dense FFN, experts (MoE routed expert
+  weights), shared experts (MoE always-on experts, DeepSeekMoE), gating
+  (MoE router weights), layer norm, LSTM;
 - bytes per device on the config's mesh: each weight's shard is
   prod_d ceil(dim_d / mesh size of its split axis) elements (XLA pads an
   uneven last shard); replicated weights count in full;
@@ -19,8 +20,9 @@ mapping of every weight. Reports
   [..., R] and [..., C] split like the weight's dims; others keep a full
   float32 second moment, plus a first moment when beta1 > 0;
 - forward matmul FLOPs per token pair (one source + one target token):
-  2 x the weights one token multiplies by (MoE: gating + k experts, the
-  nominal top-k count without capacity padding; softmax included;
+  2 x the weights one token multiplies by (MoE: gating + k routed experts,
+  the nominal top-k count without capacity padding, + every shared expert;
+  softmax included;
   embedding lookups, biases, norms and the length-dependent attention
   scores excluded).
 
@@ -52,14 +54,15 @@ from lingshard.layers import pipeline
 from lingshard.layers import softmax
 from lingshard.optim import adafactor
 from lingshard.layers.moe import base as moe_base
+from lingshard.layers.moe import shared as moe_shared
 
 # Private flag values: tools can be imported together without clashes.
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('model', 'm4.TinyMoE',
                     'Registered model key(s), comma separated.', flag_values=FLAGS)
 
-KINDS = ('embedding', 'attention', 'dense_ffn', 'experts', 'gating',
-         'layer_norm', 'lstm', 'other')
+KINDS = ('embedding', 'attention', 'dense_ffn', 'experts', 'shared_experts',
+         'gating', 'layer_norm', 'lstm', 'other')
 _EXPERT_WEIGHTS = ('wi', 'wo', 'bi', 'bo')
 _LAYER_KINDS = (
     (embedding.EmbeddingLayer, 'embedding'),
@@ -178,7 +181,8 @@ def CountTask(task):
     shape = [int(d) for d in wp.shape]
     n = int(np.prod(shape, dtype=np.int64))
     if kind == 'moe':
-      kind = 'experts' if name in _EXPERT_WEIGHTS else 'gating'
+      kind = ('experts' if name in _EXPERT_WEIGHTS else 'shared_experts'
+              if name in moe_shared.WEIGHTS else 'gating')
     layers, mapping = 1, wp.tensor_split_dims_mapping
     mesh, names = wp.device_mesh, layer.params.mesh_axis_names
     active = _ActiveParams(layer, kind, name, shape, n, share)
@@ -220,7 +224,7 @@ def _ActiveParams(layer, kind, name, shape, n, share_tgt_softmax):
   if kind == 'experts':
     top_k = layer._TopK()  # pylint: disable=protected-access
     return n * top_k // layer.params.num_experts
-  return n
+  return n  # Shared experts too: every token.
 
 
 def CountModel(model_key):
@@ -250,7 +254,7 @@ def FormatCounts(model_key, c):
            f'{c.num_weights} weights']
   for kind in KINDS:
     if c.by_kind[kind]:
-      lines.append(f'  {kind:<11} {c.by_kind[kind]:>17,}  '
+      lines.append(f'  {kind:<14} {c.by_kind[kind]:>14,}  '
                    f'{100.0 * c.by_kind[kind] / c.total:6.2f}%')
   lines.append(f'  per device ({c.num_devices} devices): weights '
                f'{_HumanBytes(c.weight_bytes_per_device)}, Adafactor slots '

@@ -74,7 +74,8 @@ CPU_KEYS = [k for k in M4_KEYS
 
 def test_cpu_sized_configs():
   assert CPU_KEYS == ['m4.TinyDense', 'm4.TinyMoE', 'm4.TinyMoE12L',
-                      'm4.TinyMoE16E', 'm4.TinyMoE32E', 'm4.TinyMoE4E']
+                      'm4.TinyMoE16E', 'm4.TinyMoE32E', 'm4.TinyMoE4E',
+                      'm4.TinyMoEShared']
 
 
 @pytest.mark.parametrize('key,experts,layers', [

@@ -35,6 +35,8 @@ contract of ffn.py (the dense FFN's too):
 
 Expert weights wi [E, M, H], wo [E, H, M], optional biases bi [E, H],
 bo [E, M]; activation (relu default) and dropout on the hidden activations.
+Optional shared experts (`num_shared_experts`, DeepSeekMoE; shared.py) take
+every real token and add to the routed output.
 Sharding (GShard §3.2, set all at once with `SetExpertSharding`): inputs split
 on G, gating weights replicated, dispatched `[E, G, C, M]` and expert weights
 split on E over the same mesh axis. `dispatch_impl` = 'einsum' (Algorithm 2)
@@ -61,6 +63,7 @@ from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers.moe import shared as moe_shared
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 
@@ -123,6 +126,12 @@ class MoEBase(base_layer.BaseLayer):
              '(training only).')
     p.Define('output_activation', 'none', 'Applied to the combined output '
              "(Shazeer et al. App. C uses 'sigmoid').")
+    p.Define('num_shared_experts', 0, 'N shared experts (DeepSeekMoE '
+             '§3.2, shared.py): FFNs every real token goes through, '
+             'ungated; their sum adds to the routed output before '
+             'output_activation. 0 = none (the seed papers).')
+    p.Define('shared_hidden_dim', None, 'Hidden dim Hs of each shared '
+             'expert; None = hidden_dim.')
     p.Define('num_position_buckets', 4, 'Buckets of the position-in-group '
              'drop metric.')
     p.Define('num_experts_per_token', None, 'k: experts each token is '
@@ -149,12 +158,17 @@ class MoEBase(base_layer.BaseLayer):
     p.weight_split_dims_mapping.Define('selection_bias', None, 'Mapping of '
                                        'selection_bias [E] (replicated).')
     for name, doc in (('wi', 'wi [E, M, H]'), ('wo', 'wo [E, H, M]'),
-                      ('bi', 'bi [E, H]'), ('bo', 'bo [E, M]')):
+                      ('bi', 'bi [E, H]'), ('bo', 'bo [E, M]'),
+                      ('shared_wi', 'shared_wi [N, M, Hs]'),
+                      ('shared_wo', 'shared_wo [N, Hs, M]'),
+                      ('shared_bi', 'shared_bi [N, Hs]'),
+                      ('shared_bo', 'shared_bo [N, M]')):
       p.weight_split_dims_mapping.Define(name, None, f'Mapping of {doc}.')
     for name, doc in (('gsm', 'inputs/outputs [G, S, M]'),
                       ('gsec', 'combine/dispatch [G, S, E, C] (einsum)'),
                       ('egcm', 'dispatched inputs/outputs [E, G, C, M]'),
                       ('egch', 'expert hidden [E, G, C, H]'),
+                      ('gsnh', 'shared-expert hidden [G, S, N, Hs]'),
                       ('gecm', 'expert outputs [G, E, C, M] (einsum)'),
                       ('gecm_experts', 'expert outputs [G, E, C, M] as the '
                        'experts compute them (E split), before the '
@@ -172,7 +186,8 @@ class MoEBase(base_layer.BaseLayer):
     a data axis too (`data_mesh_axis`, e.g. data x expert x stage), groups
     split over both (data major: the batch is split over data) and the
     dispatched tensors keep G over data: the dispatch's all-to-all runs
-    within each data shard's expert axis.
+    within each data shard's expert axis. Shared experts compute on every
+    token like a dense FFN: weights replicated, hidden split like groups.
     """
     p.device_mesh = np.asarray(device_mesh)
     if mesh_axis_names is not None:
@@ -185,10 +200,13 @@ class MoEBase(base_layer.BaseLayer):
       wmap.Set(**{name: [a, r, r]})
     for name in ('bi', 'bo'):
       wmap.Set(**{name: [a, r]})
-    for name, rank in dict(cls.REPLICATED_WEIGHTS, selection_bias=1).items():
+    shared = dict(shared_wi=3, shared_wo=3, shared_bi=2, shared_bo=2)
+    for name, rank in {**cls.REPLICATED_WEIGHTS, **shared,
+                       'selection_bias': 1}.items():
       wmap.Set(**{name: [r] * rank})
     amap = p.activation_split_dims_mapping
     amap.gsm = [groups, r, r]
+    amap.gsnh = [groups, r, r, r]
     for name in ('gsec', 'gecm'):
       amap.Set(**{name: [groups, r, r, r]})
     for name in ('egcm', 'egch'):
@@ -251,21 +269,30 @@ class MoEBase(base_layer.BaseLayer):
       zero = WeightInit.Constant(0.0)
       self.CreateVariable('bi', base_layer.WeightParams([e, h], init=zero))
       self.CreateVariable('bo', base_layer.WeightParams([e, m], init=zero))
+    self._CreateSharedExperts()
     if p.selection_bias_rate:
-      self._CreateSelectionBias()
+      self.CreateVariable(bias_balance.WEIGHT,
+                          bias_balance.BiasWeightParams(p, type(self)))
 
-  def _CreateSelectionBias(self):
+  def _CreateSharedExperts(self):
+    """shared_wi [N, M, Hs], shared_wo [N, Hs, M] (+ biases) if N > 0."""
     p = self.params
-    if not type(self).SELECTION_BIAS:
-      raise ValueError(f'{p.name}: selection_bias_rate needs a top-k gate '
-                       f'(GShard top-2, noisy top-k); {type(self).__name__} '
-                       'does not select by per-token scores')
-    if p.selection_bias_rate < 0:
-      raise ValueError(f'{p.name}: selection_bias_rate must be >= 0, got '
-                       f'{p.selection_bias_rate}')
-    self.CreateVariable(bias_balance.WEIGHT, base_layer.WeightParams(
-        [p.num_experts], init=WeightInit.Constant(0.0), trainable=False,
-        count_update_rate=float(p.selection_bias_rate)))
+    n, m = p.num_shared_experts, p.input_dim
+    if n < 0:
+      raise ValueError(f'{p.name}: num_shared_experts must be >= 0, got {n}')
+    if n == 0:
+      return
+    if p.shared_hidden_dim is not None:
+      self.CheckPositive('shared_hidden_dim')
+    h = p.shared_hidden_dim or p.hidden_dim
+    self.CreateVariable('shared_wi', base_layer.WeightParams([n, m, h]))
+    self.CreateVariable('shared_wo', base_layer.WeightParams([n, h, m]))
+    if p.use_bias:
+      zero = WeightInit.Constant(0.0)
+      self.CreateVariable('shared_bi',
+                          base_layer.WeightParams([n, h], init=zero))
+      self.CreateVariable('shared_bo',
+                          base_layer.WeightParams([n, m], init=zero))
 
   def SelectionBias(self, theta):
     """The [E] bias a gate adds to its scores to select (no gradient), or
@@ -307,6 +334,20 @@ class MoEBase(base_layer.BaseLayer):
                                  p.expert_capacity, self._TopK())
 
   # --------------------------------------------------------------- experts
+  def ActivateHidden(self, h, step, stream=0):
+    """The experts' activation, then dropout (training only; `stream` 0 =
+    routed experts, 1 = shared experts: independent masks)."""
+    p = self.params
+    h = self._act(h)
+    if p.dropout_rate > 0.0 and not p.is_inference:
+      seed = tf.stack([tf.constant(self.layer_seed, tf.int64),
+                       tf.cast(0 if step is None else step, tf.int64)])
+      if stream:
+        seed = tf.random.experimental.stateless_fold_in(seed, stream)
+      keep = tf.random.stateless_uniform(tf.shape(h), seed) >= p.dropout_rate
+      h = tf.where(keep, h / (1.0 - p.dropout_rate), tf.zeros_like(h))
+    return h
+
   def ExpertFn(self, theta, step):
     """`(x_egcm, out_layout) -> y`: the E expert FFNs on their buffers.
 
@@ -321,13 +362,7 @@ class MoEBase(base_layer.BaseLayer):
     def Hidden(h):
       if p.use_bias:
         h += tf.cast(theta.bi, dtype)[:, tf.newaxis, tf.newaxis, :]
-      h = self._act(h)
-      if p.dropout_rate > 0.0 and not p.is_inference:
-        seed = tf.stack([tf.constant(self.layer_seed, tf.int64),
-                         tf.cast(0 if step is None else step, tf.int64)])
-        keep = tf.random.stateless_uniform(tf.shape(h), seed) >= p.dropout_rate
-        h = tf.where(keep, h / (1.0 - p.dropout_rate), tf.zeros_like(h))
-      return self.ShardActivation(h, 'egch')
+      return self.ShardActivation(self.ActivateHidden(h, step), 'egch')
 
     def Fn(x_egcm, out_layout):
       # The caller's dtype in and out; the experts compute in `dtype`.
@@ -413,11 +448,8 @@ class MoEBase(base_layer.BaseLayer):
     gate_out, aux_loss, stats = self.Route(theta, x_gsm, nonpad_gs, token_gs,
                                            step, capacity)
     if p.selection_bias_rate and not p.is_inference:
-      # The batch's selection counts reach the step in the bias's gradient.
-      counts_e = bias_balance.SelectionCounts(gate_out.expert_gsk, nonpad_gs,
-                                              p.num_experts)
-      gate_out = gate_out._replace(weight_gsk=bias_balance.CountCarrier(
-          gate_out.weight_gsk, theta.selection_bias, counts_e))
+      gate_out = bias_balance.CarryCounts(gate_out, theta.selection_bias,
+                                          nonpad_gs, p.num_experts)
     metrics = routing_metrics.RoutingMetrics(
         gate_out, nonpad_gs, p.num_experts, importance_e=stats.importance_e,
         load_e=stats.load_e, num_position_buckets=p.num_position_buckets)
@@ -452,6 +484,10 @@ class MoEBase(base_layer.BaseLayer):
       out_gsm = moe_dispatch.GatherMoE(x_gsm, gate_out, expert_fn,
                                        p.num_experts, capacity, shard,
                                        self.ManualSpec(g))
+    if p.num_shared_experts:
+      # DeepSeekMoE §3.2: shared + routed; before Shazeer's App. C output
+      # activation, which acts on the layer's whole FFN output.
+      out_gsm += moe_shared.SharedExperts(self, theta, x_gsm, nonpad_gs, step)
     if p.output_activation != 'none':
       out_gsm = self._out_act(out_gsm) * tf.cast(nonpad_gs, out_gsm.dtype)[
           ..., tf.newaxis]

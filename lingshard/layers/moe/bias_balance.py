@@ -32,7 +32,26 @@ gamma = 0.001 with its balancing loss weight near 0.
 
 import tensorflow as tf
 
+from lingshard.layers import base_layer
+from lingshard.weight_init import WeightInit
+
 WEIGHT = 'selection_bias'
+
+
+def BiasWeightParams(p, layer_cls):
+  """WeightParams of the [E] bias of MoE layer params `p` (rate > 0):
+  zeros, non-trainable, updated by the count rule at `p.selection_bias_rate`.
+  """
+  if not layer_cls.SELECTION_BIAS:
+    raise ValueError(f'{p.name}: selection_bias_rate needs a top-k gate '
+                     f'(GShard top-2, noisy top-k); {layer_cls.__name__} '
+                     'does not select by per-token scores')
+  if p.selection_bias_rate < 0:
+    raise ValueError(f'{p.name}: selection_bias_rate must be >= 0, got '
+                     f'{p.selection_bias_rate}')
+  return base_layer.WeightParams(
+      [p.num_experts], init=WeightInit.Constant(0.0), trainable=False,
+      count_update_rate=float(p.selection_bias_rate))
 
 
 def SelectionCounts(expert_gsk, nonpad_gs, num_experts):
@@ -56,6 +75,14 @@ def CountCarrier(t, bias_e, counts_e):
     return tf.identity(t), Grad
 
   return Carry(t, bias_e)
+
+
+def CarryCounts(routing, bias_e, nonpad_gs, num_experts):
+  """`routing` whose combine weights carry its selection counts to the
+  gradient slot of `bias_e` (training: the step reads them there)."""
+  counts_e = SelectionCounts(routing.expert_gsk, nonpad_gs, num_experts)
+  return routing._replace(
+      weight_gsk=CountCarrier(routing.weight_gsk, bias_e, counts_e))
 
 
 def UpdatedBias(bias, counts, rate):
