@@ -33,6 +33,13 @@ overwritten by a run restarting from step 0. A checkpoint whose `.index` or
 Before restoring, the checkpoint's variable names, shapes and dtypes are
 compared with the run's: the first difference (in sorted path order) is
 reported by name instead of TF's list of unresolved objects.
+
+Every weight is saved whole (its full shape): the device mesh and split
+mappings are a layout the step's sharding annotations give the weights
+inside a compiled program, not part of the checkpoint, so a checkpoint
+restores on any mesh (tests/trainer/test_restore_mesh.py: 1 device -> 8,
+experts split 8 ways). Initialising from other runs' checkpoints by name
+rules (e.g. sparse upcycling): init_rules.py.
 """
 
 import os
