@@ -87,8 +87,11 @@ def DefineFlags(fv):
   flags.DEFINE_bool('jit', None, 'XLA-compile the step (default: on for tpu, '
                     'off otherwise).', flag_values=fv)
   flags.DEFINE_string('init_from_checkpoint', None, 'Warm start the weights '
-                      'from this checkpoint when the logdir has none.',
-                      flag_values=fv)
+                      'from this checkpoint (a prefix, or a run\'s logdir: '
+                      'its latest) when the logdir has none; with '
+                      'task.train.init_from_checkpoint_rules, the checkpoint '
+                      'of the rules keyed \'\' (e.g. m4.TinyMoEUpcycled: '
+                      'the dense run).', flag_values=fv)
   flags.DEFINE_integer('num_cpu_devices', 1, 'Split the host CPU into N '
                        'logical devices (MirroredStrategy on CPU).',
                        flag_values=fv)

@@ -33,6 +33,16 @@ def TrainParams():
            'Also checkpoint when this many seconds passed since the last '
            'save; 0 off.')
   p.Define('max_checkpoints_to_keep', 5, 'Keep the K most recent.')
+  p.Define('init_from_checkpoint_rules', {},
+           'Lingvo\'s rules, applied when the logdir has no checkpoint: '
+           '{checkpoint: ([(target regex, source %-format), ...], [ignore '
+           'regex, ...])}; checkpoint = a prefix, a logdir, or \'\' = '
+           '--init_from_checkpoint. Expert weights [E, ...] also load a '
+           'dense [...] (sparse upcycling) or [E1, ...] (E a multiple of '
+           'E1): lingshard/train/init_rules.py.')
+  p.Define('init_from_checkpoint_require_all', False,
+           'init_from_checkpoint_rules must load every weight or name it '
+           'in an ignore rule.')
   p.Define('checkpoint_data_iterator', True,
            'Save the tf.data iterator in checkpoints (exact resume). If '
            'False, a resumed run skips `step` batches of a fresh iterator.')

@@ -361,6 +361,41 @@ class TinyDense(TinyCorpus):
     return TinyTrain(p)
 
 
+# Sparse upcycling (Komatsuzaki et al. 2023, Figure 1): an MoE layer's
+# experts start as copies of the dense FFN it replaces (its fc_in / fc_out
+# weights and biases, tiled over E by train/init_rules.py), the router (wg)
+# fresh, every other weight copied by name.
+UPCYCLE_RULES = (
+    [(r'(.*)/moe/wi', '%s/ffn/fc_in/w'), (r'(.*)/moe/bi', '%s/ffn/fc_in/b'),
+     (r'(.*)/moe/wo', '%s/ffn/fc_out/w'), (r'(.*)/moe/bo', '%s/ffn/fc_out/b'),
+     (r'(.*)', '%s')],
+    [r'.*/moe/wg'])
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoEUpcycled(TinyCorpus):
+  """TinyMoE initialised from a dense run by sparse upcycling.
+
+  TinyMoE's shape (8 experts of hidden 256) with expert biases, so each
+  expert is exactly the dense FFN (relu(x wi + bi) wo + bo); the router is
+  fresh and every other weight is the dense run's. The dense run is
+  m4.TinyDense with the expert hidden (`task.hidden_dim=256`); point this
+  config at its logdir (its latest checkpoint) or a checkpoint prefix:
+
+    --model=m4.TinyMoEUpcycled --init_from_checkpoint=<dense logdir>
+
+  The trainer refuses to start without it (in one line) unless --logdir
+  already holds this run's own checkpoint (a resumed run restores that).
+  """
+
+  def Task(self):
+    p = TinyMoE().Task()
+    p.moe_tpl.use_bias = True
+    p.train.init_from_checkpoint_rules = {'': UPCYCLE_RULES}
+    p.train.init_from_checkpoint_require_all = True
+    return p
+
+
 # Variants of TinyMoE for the evidence page (python -m lingshard.experiments): the
 # same experts (hidden 256, top-2) in every arm, so matmul FLOPs per token
 # differ from TinyMoE's only by the gate's M * E; 8 groups of a batch's

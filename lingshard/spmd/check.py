@@ -204,7 +204,7 @@ def _AsNestedMap(out):
 
 
 def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
-                  rtol=None, atol=None, compare=True):
+                  rtol=None, atol=None, compare=True, run=None):
   """Partitions `fn` for prod(mesh_shape) devices and checks it.
 
   Args:
@@ -219,6 +219,9 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
     rtol, atol: override the per-dtype tolerance.
     compare: False = partition and analyse only (no TF reference run, no
       partitioned run; `matches` is None), e.g. for benchmarks.
+    run: run the partitioned program (default: `compare`); run=True with
+      compare=False fills `outputs` without building the reference (one
+      compile), e.g. to compare with another program's outputs.
 
   Returns:
     CheckResult.
@@ -265,10 +268,12 @@ def CheckFunction(fn, inputs, mesh_shape, *, name='function', expect=(),
                        f'{len(values)} inputs')
   run_seconds = 0.0
   errors, got = [], []
-  if compare:
+  if compare if run is None else run:
     start = time.perf_counter()
-    got = exe.Run(values, [r.shape for r in ref])
+    got = exe.Run(values, [tuple(t.shape)
+                           for t in structure['out'].Flatten()])
     run_seconds = time.perf_counter() - start
+  if compare:
     errors = [Compare(n, r, g, rtol, atol)
               for n, r, g in zip(output_names, ref, got)]
   return Result(name, mesh_shape, exe, hlo, input_names, output_names,

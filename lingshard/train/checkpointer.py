@@ -33,6 +33,13 @@ overwritten by a run restarting from step 0. A checkpoint whose `.index` or
 Before restoring, the checkpoint's variable names, shapes and dtypes are
 compared with the run's: the first difference (in sorted path order) is
 reported by name instead of TF's list of unresolved objects.
+
+Every weight is saved whole (its full shape): the device mesh and split
+mappings are a layout the step's sharding annotations give the weights
+inside a compiled program, not part of the checkpoint, so a checkpoint
+restores on any mesh (tests/trainer/test_restore_mesh.py: 1 device -> 8,
+experts split 8 ways). Initialising from other runs' checkpoints by name
+rules (e.g. sparse upcycling): init_rules.py.
 """
 
 import os
@@ -73,7 +80,7 @@ def _Describe(shape, dtype):
   return f'{list(shape)} {tf.as_dtype(dtype).name}'
 
 
-def _ErrorText(error):
+def ErrorText(error):
   """One line of an exception's message, without TF's op decorations."""
   text = getattr(error, 'message', None) or str(error) or type(error).__name__
   text = re.sub(r'\{\{function_node [^}]*\}\}\s*', '', text)
@@ -122,7 +129,7 @@ def ReadState(train_dir):
   except (tf.errors.OpError, UnicodeDecodeError,
           text_format.ParseError) as e:
     raise CheckpointError(f'checkpoint state file {state} is unreadable '
-                          f'({_ErrorText(e)}); {_Advice(train_dir)}') from None
+                          f'({ErrorText(e)}); {_Advice(train_dir)}') from None
   if not proto.model_checkpoint_path:
     what = 'is empty' if not text.strip() else 'names no checkpoint'
     raise CheckpointError(f'checkpoint state file {state} {what}; '
@@ -148,7 +155,7 @@ def _Reader(path, what='checkpoint file', advice=None):
     return tf.train.load_checkpoint(path)
   except _READ_ERRORS as e:
     raise CheckpointError(f'{what} {path}.index is unreadable '
-                          f'({_ErrorText(e)})' +
+                          f'({ErrorText(e)})' +
                           (f'; {advice}' if advice else '')) from None
 
 
@@ -275,9 +282,9 @@ class Checkpointer:
       bad, error = _FirstBadFile(path, reader)
       if bad is None:
         raise CheckpointError(f'checkpoint {path} could not be restored: '
-                              f'{_ErrorText(e)}') from None
+                              f'{ErrorText(e)}') from None
       raise CheckpointError(f'checkpoint file {bad} is unreadable '
-                            f'({_ErrorText(error)}); '
+                            f'({ErrorText(error)}); '
                             f'{_Advice(self.train_dir)}') from None
     saved_seed = int(self._state.seed.numpy())
     if saved_seed != seed_before:
@@ -315,7 +322,7 @@ class Checkpointer:
                 for name in sorted(self._theta)}
     except _READ_ERRORS as e:
       raise CheckpointError(f'--init_from_checkpoint file {_DataFile(path)} '
-                            f'is unreadable ({_ErrorText(e)})') from None
+                            f'is unreadable ({ErrorText(e)})') from None
     for name, value in values.items():
       self._theta[name].assign(value)
     logging.info('Warm-started %d weights from %s.', len(self._theta), path)
@@ -372,10 +379,10 @@ class Checkpointer:
         else:
           tf.io.gfile.remove(name)
       except tf.errors.OpError as e:
-        logging.warning('Could not remove %s: %s', name, _ErrorText(e))
+        logging.warning('Could not remove %s: %s', name, ErrorText(e))
     # The manager's bookkeeping now lists the failed step: re-read the disk.
     self._manager = None
-    detail = _ErrorText(error).rsplit('; ', 1)[-1]
+    detail = ErrorText(error).rsplit('; ', 1)[-1]
     removed = '' if latest == prefix else 'its partial files were removed; '
     kept = (f'the latest checkpoint is {latest}: free space there (or fix '
             'the error) and restart to resume from it' if latest else

@@ -27,6 +27,7 @@ import tensorflow as tf
 from lingshard import base_input
 from lingshard import sharding
 from lingshard.train import checkpointer as checkpointer_lib
+from lingshard.train import init_rules
 from lingshard.train import state as state_lib
 from lingshard.train import step as step_lib
 from lingshard.train import strategies
@@ -62,8 +63,10 @@ class Trainer:
     model_params: SingleTaskModel params (task + train input).
     logdir: checkpoints and summaries go to `<logdir>/train`.
     strategy / info: from strategies.CreateStrategy (default: one device).
-    init_from_checkpoint: warm start theta from this checkpoint when the
-      logdir has none of its own.
+    init_from_checkpoint: warm start theta from this checkpoint (a prefix,
+      or a run's logdir: its latest) when the logdir has none of its own;
+      with task.train.init_from_checkpoint_rules, the checkpoint of the
+      rules keyed '' (train/init_rules.py).
     printer: where progress lines go.
     inject_nan_at_step: testing only (see step.TrainStep).
   """
@@ -97,6 +100,13 @@ class Trainer:
         save_interval_steps=tp.save_interval_steps,
         save_interval_secs=tp.save_interval_secs,
         is_chief=self._info.is_chief, worker_id=self._info.worker_id)
+    # Refuse bad rules (or a missing --init_from_checkpoint they need)
+    # before anything is written.
+    self._init_rules = init_rules.Rules(
+        tp.init_from_checkpoint_rules, tp.init_from_checkpoint_require_all,
+        init_from_checkpoint)
+    if self._init_rules and self.checkpointer.LatestPath() is None:
+      self._init_rules.CheckFlag()
     self._writer = None  # Created after a successful Restore.
     # One tf.function per step. XLA compiles all of it on the default
     # strategy; across replicas only the step's halves (jit_halves).
@@ -138,12 +148,17 @@ class Trainer:
 
   # ------------------------------------------------------------- the loop
   def Restore(self):
-    """Resumes from the logdir's latest checkpoint, else warm-starts or
+    """Resumes from the logdir's latest checkpoint, else initialises from
+    init_from_checkpoint_rules or warm-starts (--init_from_checkpoint) or
     keeps the initial values. Returns the step to continue from."""
     step, data_restored = self.checkpointer.Restore()
     if step is None:
-      if self._init_from:
-        self.checkpointer.WarmStart(self._init_from)
+      if self._init_rules:
+        self._init_rules.Apply(self.state.ThetaByPath(),
+                               init_rules.ExpertWeights(self.task))
+      elif self._init_from:
+        self.checkpointer.WarmStart(init_rules.ResolveCheckpoint(
+            self._init_from, '--init_from_checkpoint'))
       return 0
     if not data_restored and step:
       # No iterator state saved: the order is reproduced by skipping.

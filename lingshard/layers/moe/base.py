@@ -95,6 +95,9 @@ class MoEBase(base_layer.BaseLayer):
 
   REPLICATED_WEIGHTS = {}
   SELECTION_BIAS = False  # Route() applies SelectionBias(theta).
+  # Weights whose dim 0 is the expert (E): split over the expert mesh axis,
+  # and what sparse upcycling fills from a dense FFN (train/init_rules.py).
+  EXPERT_WEIGHTS = ('wi', 'wo', 'bi', 'bo')
 
   @classmethod
   def Params(cls):
