@@ -245,28 +245,36 @@ class Params:
 
   # ------------------------------------------------------------------ text
   def _Leaves(self, prefix=''):
+    """(dotted key, value, description) per leaf; a nested Params' `.cls`
+    leaf carries the description of the param holding it."""
     for name in sorted(self._params):
-      value = self._params[name].value
-      key = prefix + name
+      param = self._params[name]
+      value, key = param.value, prefix + name
       if isinstance(value, Params):
-        yield key + '.cls', _ClsOf(value)
+        yield key + '.cls', _ClsOf(value), param.description
         yield from value._Leaves(key + '.')
       elif _IsParamsList(value):
         for i, sub in enumerate(value):
-          yield f'{key}[{i}].cls', _ClsOf(sub)
+          yield f'{key}[{i}].cls', _ClsOf(sub), param.description
           yield from sub._Leaves(f'{key}[{i}].')
       else:
-        yield key, value
+        yield key, value, param.description
 
-  def ToText(self):
-    """Sorted `dotted.key : value` lines, one per leaf value."""
+  def ToText(self, docs=False):
+    """Sorted `dotted.key : value` lines, one per leaf value; `docs`: each
+    preceded by its description as a `# ` comment line (FromText skips
+    comments, so the text still reads back as these params)."""
+    entries = []
+    for key, value, description in self._Leaves():
+      if key.endswith('.cls') and value is None:
+        continue
+      entries.append((key, f'{key} : {ValueToText(value)}', description))
+    entries.sort(key=lambda e: e[0])
     lines = []
-    for key, value in self._Leaves():
-      if key.endswith('.cls'):
-        if value is None:
-          continue
-      lines.append(f'{key} : {ValueToText(value)}')
-    lines.sort(key=lambda line: line.split(' : ', 1)[0])
+    for _, line, description in entries:
+      if docs:
+        lines.append('# ' + ' '.join(str(description).split()))
+      lines.append(line)
     return '\n'.join(lines) + ('\n' if lines else '')
 
   def FromText(self, text):

@@ -14,7 +14,8 @@ Modes:
   export          SavedModel of the task's export module
                   (BaseTask.CreateExportModule; translation: a `translate`
                   signature) -> logdir/export/<step>
-  print_params    print the params text after overrides and exit
+  print_params    print the params text after overrides, each param
+                  after its description (a `#` comment), and exit
 Training runs under --strategy; eval, decode and export on the host's
 default device.
 
@@ -368,7 +369,7 @@ def Execute(cfg, printer=Printer):
   if not training:  # Training checks once it knows its replicas.
     config_check.Validate(params)
   if cfg.mode == 'print_params':
-    printer(params.ToText().rstrip('\n'))
+    printer(params.ToText(docs=True).rstrip('\n'))
     return params
   if diff:
     printer('Params changed from the registry defaults:\n' + diff.rstrip('\n'))

@@ -185,7 +185,7 @@ def _CheckPrintParams(r):
   # resolved for this machine's platform.
   base_layer.ResolveParams(params.task,
                            platform=platform_lib.Platform('default'))
-  assert r.stdout.rstrip('\n') == params.ToText().rstrip('\n')
+  assert r.stdout.rstrip('\n') == params.ToText(docs=True).rstrip('\n')
 
 
 def _CheckListModels(r):

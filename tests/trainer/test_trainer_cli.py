@@ -77,6 +77,23 @@ def test_print_params_with_overrides():
   assert 'task.train.adafactor.beta1 : 0.5' in text.splitlines()
   assert 'task.random_seed : 5' in text.splitlines()
   assert params.task.hidden_dims == [16, 8]
+  # Every param after its description, as a comment line.
+  assert text == params.ToText(docs=True).rstrip('\n')
+  shown = text.splitlines()
+  doc = shown[shown.index('task.hidden_dims : [16, 8]') - 1]
+  assert doc == '# ' + ' '.join(params.task.Description('hidden_dims').split())
+  assert [line for line in shown if not line.startswith('# ')] == (
+      params.ToText().splitlines())
+
+
+def test_printed_params_read_back_as_a_params_file(tmp_path):
+  params, lines = _Execute('--model=toy.FFRegression', '--mode=print_params',
+                           '--params_override=task.hidden_dims=[16, 8]')
+  printed = tmp_path / 'printed.txt'
+  printed.write_text(lines[0] + '\n')
+  again, _ = _Execute('--model=toy.FFRegression', '--mode=print_params',
+                      f'--params_file={printed}')
+  assert again.ToText() == params.ToText()
 
 
 @pytest.mark.parametrize('override,message', [
