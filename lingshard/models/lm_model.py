@@ -29,6 +29,7 @@ import tensorflow as tf
 from lingshard.layers import dropout
 from lingshard.layers import embedding
 from lingshard.layers import lstm
+from lingshard.layers.moe import causality
 from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers import sampled_softmax
 from lingshard.layers import softmax
@@ -53,6 +54,10 @@ class LMTask(base_model.BaseTask):
     p.Define('moe_tpl', None, 'Params of the MoE layer (NoisyTopKMoELayer, '
              'HierarchicalMoELayer, BalancedMoELayer); input_dim is set to '
              'model_dim. None = no MoE layer.')
+    p.Define('allow_noncausal_routing', False,
+             'Accept an MoE layer whose training routing lets later words '
+             'change earlier words\' experts (its class\'s RoutingLeaks; '
+             'layers/moe/causality.py). False: building it is an error.')
     p.Define('dropout_prob', 0.1, 'DropProb of App. C on every layer output '
              'but the softmax.')
     p.Define('num_sampled', 0, 'Sampled-softmax classes S per training '
@@ -73,6 +78,9 @@ class LMTask(base_model.BaseTask):
     self.CreateChildren('lstm_before', [lstm_p.Copy()
                                         for _ in range(p.num_lstm_before)])
     if p.moe_tpl is not None:
+      causality.CheckCausalRouting(p.moe_tpl, [f'{p.name}/moe'],
+                                   'a language model',
+                                   p.allow_noncausal_routing)
       self.CreateChild('moe', p.moe_tpl.Copy().Set(input_dim=p.model_dim))
     self.CreateChildren('lstm_after', [lstm_p.Copy()
                                        for _ in range(p.num_lstm_after)])

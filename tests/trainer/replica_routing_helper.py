@@ -49,6 +49,7 @@ def Params():
       num_experts=4, group_size=2, num_groups=None, expert_capacity=1,
       second_expert_policy='random',
       **{'aux_loss_weights.group_aux': 0.5})
+  p.allow_noncausal_routing = True  # Drops on purpose (GShard's decoder).
   return p
 
 

@@ -56,6 +56,7 @@ from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import linear
+from lingshard.layers.moe import causality
 from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
@@ -85,7 +86,8 @@ class MoEBase(base_layer.BaseLayer):
   """Grouping, expert FFN, dispatch/combine and the FProp contract.
 
   Subclasses implement `Route(theta, x_gsm, nonpad_gs, token_gs, step,
-  capacity) -> (routing.Routing, aux_loss, stats)` and `_TopK()`; see
+  capacity) -> (routing.Routing, aux_loss, stats)`, `CapacityTopK(p)` and,
+  unless they route by token choice, `RoutingLeaks(p)`; see
   `MoELayer`. REPLICATED_WEIGHTS: {gating weight name: rank}.
   """
 
@@ -257,9 +259,25 @@ class MoEBase(base_layer.BaseLayer):
                        f'split into groups of group_size = {p.group_size}')
     return num_tokens // p.group_size, p.group_size
 
+  @classmethod
+  def CapacityTopK(cls, p):
+    """k of C = ceil(cf * k * S / E) for params `p`: expert choices per
+    token (top-2: 2; noisy / balanced: num_experts_per_token)."""
+    raise NotImplementedError(f'{cls.__name__}.CapacityTopK')
+
   def _TopK(self):
-    """Expert choices per token (capacity scale k)."""
-    raise NotImplementedError
+    return type(self).CapacityTopK(self.params)
+
+  @classmethod
+  def RoutingLeaks(cls, p):
+    """None if training-mode routing under params `p` is causal (a token's
+    experts never depend on later tokens or other sequences), else a
+    one-line reason (layers/moe/causality.py). Default: a token-choice
+    gate, which leaks iff its capacity can drop tokens; groups of one
+    token never leak."""
+    if p.group_size == 1:
+      return None
+    return causality.TokenChoiceLeak(p, cls.CapacityTopK(p))
 
   def Capacity(self, group_size):
     """C for the current mode (training / inference).
