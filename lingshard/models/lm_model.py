@@ -6,6 +6,9 @@ output of the previous layer is added to the layer output" (a residual,
 from the second layer on); the MoE's output goes through a sigmoid before
 dropout (`moe_tpl.output_activation = 'sigmoid'`). Without `moe_tpl` the
 MoE's position holds more LSTM layers (the 4xLSTM-512 baseline) or none.
+An MoE layer whose training routing is not causal (its class's
+`RoutingLeaks`, layers/moe/causality.py) is refused unless
+`allow_noncausal_routing`.
 
 Batch (lingshard.data.lm_inputs.LmInput): ids [B, T] int32 (<s> w1..wn),
 labels [B, T] int32 (w1..wn </s>), paddings [B, T] float32 (1.0 = pad).

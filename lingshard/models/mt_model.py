@@ -24,6 +24,11 @@ and per MoE layer `{enc|dec}_layer_XXX_aux_loss` and
 `{enc|dec}_layer_XXX_<routing metric>` (routing_metrics.FlattenMetrics;
 per-expert metrics are vectors, which summaries write as histograms).
 
+The decoder refuses an MoE layer whose training routing is not causal
+(later target tokens could change an earlier token's experts: its class's
+`RoutingLeaks`, layers/moe/causality.py) unless `allow_noncausal_routing`
+(GShard's configs set it: m4.py); the encoder takes any gate.
+
 Decoding (`Decode`) runs the encoder once, then the decoder one token at a
 time with cached self-attention keys/values: greedy (beam_size 1),
 standard beam search or GShard App. A.1's flat beam search, with GNMT
