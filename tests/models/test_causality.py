@@ -97,9 +97,8 @@ def _Leaks(task):
 
 def _DecoderConfigs():
   """{registry key: task params} of every config with a decoder or an LM."""
-  model_registry.ImportAllParams()
   out = {}
-  for key in sorted(model_registry._REGISTRY):  # pylint: disable=protected-access
+  for key in model_registry.ListModels():
     task = model_registry.GetParams(key, 'Train').task
     assert task.cls in DECODER_TASKS + OTHER_TASKS, (
         f'{key}: {task.cls.__name__} is new here: does it decode?')

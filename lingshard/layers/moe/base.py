@@ -3,8 +3,8 @@
 `MoELayer` is GShard's position-wise MoE FFN (Lepikhin et al. 2020, §2.2,
 Algorithm 1 gating, Algorithm 2 dispatch; no residual or layer norm: the
 Transformer layer adds those). Every MoE-family layer (noisy top-k,
-hierarchical, strictly balanced) subclasses `MoEBase` and keeps the FFN
-contract of ffn.py (the dense FFN's too):
+hierarchical, strictly balanced, expert choice) subclasses `MoEBase` and
+keeps the FFN contract of ffn.py (the dense FFN's too):
 
     outputs, aux = layer.FProp(theta, inputs, paddings, step=None,
                                token_offset=0)
