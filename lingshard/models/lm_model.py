@@ -6,6 +6,9 @@ output of the previous layer is added to the layer output" (a residual,
 from the second layer on); the MoE's output goes through a sigmoid before
 dropout (`moe_tpl.output_activation = 'sigmoid'`). Without `moe_tpl` the
 MoE's position holds more LSTM layers (the 4xLSTM-512 baseline) or none.
+An MoE layer whose training routing is not causal (its class's
+`RoutingLeaks`, layers/moe/causality.py) is refused unless
+`allow_noncausal_routing`.
 
 Batch (lingshard.data.lm_inputs.LmInput): ids [B, T] int32 (<s> w1..wn),
 labels [B, T] int32 (w1..wn </s>), paddings [B, T] float32 (1.0 = pad).
@@ -29,6 +32,7 @@ import tensorflow as tf
 from lingshard.layers import dropout
 from lingshard.layers import embedding
 from lingshard.layers import lstm
+from lingshard.layers.moe import causality
 from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers import sampled_softmax
 from lingshard.layers import softmax
@@ -53,6 +57,10 @@ class LMTask(base_model.BaseTask):
     p.Define('moe_tpl', None, 'Params of the MoE layer (NoisyTopKMoELayer, '
              'HierarchicalMoELayer, BalancedMoELayer); input_dim is set to '
              'model_dim. None = no MoE layer.')
+    p.Define('allow_noncausal_routing', False,
+             'Accept an MoE layer whose training routing lets later words '
+             'change earlier words\' experts (its class\'s RoutingLeaks; '
+             'layers/moe/causality.py). False: building it is an error.')
     p.Define('dropout_prob', 0.1, 'DropProb of App. C on every layer output '
              'but the softmax.')
     p.Define('num_sampled', 0, 'Sampled-softmax classes S per training '
@@ -73,6 +81,9 @@ class LMTask(base_model.BaseTask):
     self.CreateChildren('lstm_before', [lstm_p.Copy()
                                         for _ in range(p.num_lstm_before)])
     if p.moe_tpl is not None:
+      causality.CheckCausalRouting(p.moe_tpl, [f'{p.name}/moe'],
+                                   'a language model',
+                                   p.allow_noncausal_routing)
       self.CreateChild('moe', p.moe_tpl.Copy().Set(input_dim=p.model_dim))
     self.CreateChildren('lstm_after', [lstm_p.Copy()
                                        for _ in range(p.num_lstm_after)])

@@ -24,6 +24,11 @@ and per MoE layer `{enc|dec}_layer_XXX_aux_loss` and
 `{enc|dec}_layer_XXX_<routing metric>` (routing_metrics.FlattenMetrics;
 per-expert metrics are vectors, which summaries write as histograms).
 
+The decoder refuses an MoE layer whose training routing is not causal
+(later target tokens could change an earlier token's experts: its class's
+`RoutingLeaks`, layers/moe/causality.py) unless `allow_noncausal_routing`
+(GShard's configs set it: m4.py); the encoder takes any gate.
+
 Decoding (`Decode`) runs the encoder once, then the decoder one token at a
 time with cached self-attention keys/values: greedy (beam_size 1),
 standard beam search or GShard App. A.1's flat beam search, with GNMT
@@ -46,6 +51,7 @@ from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import embedding
 from lingshard.layers import position
+from lingshard.layers.moe import causality
 from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers import softmax
 from lingshard.layers import transformer
@@ -118,6 +124,12 @@ class TransformerMTModel(base_model.BaseTask):
              'Encoder layers with MoE FFNs; None = every other (1, 3, ...).')
     p.Define('decoder_moe_layers', None,
              'Decoder layers with MoE FFNs; None = every other (1, 3, ...).')
+    p.Define('allow_noncausal_routing', False,
+             'Accept a decoder MoE layer whose training routing lets later '
+             'tokens change earlier ones\' experts (its class\'s '
+             'RoutingLeaks: GShard top-2 with a capacity that can drop, '
+             'strictly balanced, expert choice; layers/moe/causality.py). '
+             'False: building such a decoder is an error.')
     p.Define('pipeline_tpl', None,
              'GPipe: pipeline.PipelinedLayer params for both stacks '
              '(transformer.TransformerStack.pipeline_tpl); its '
@@ -182,7 +194,12 @@ class TransformerMTModel(base_model.BaseTask):
     self.CreateChild('src_dropout', drop)
     self.CreateChild('tgt_dropout', drop)
     self.CreateChild('enc', self._StackParams(is_decoder=False))
-    self.CreateChild('dec', self._StackParams(is_decoder=True))
+    dec_p = self._StackParams(is_decoder=True)
+    causality.CheckCausalRouting(
+        p.moe_tpl, [f'dec/layer_{i:03d}/moe' for i in
+                    transformer.TransformerStack.MoeLayerIndices(dec_p)],
+        'a decoder', p.allow_noncausal_routing)
+    self.CreateChild('dec', dec_p)
     if not p.share_tgt_embedding_softmax:
       self.CreateChild('softmax', softmax.SoftmaxLayer.Params().Set(
           input_dim=p.model_dim, num_classes=p.tgt_vocab_size))

@@ -94,6 +94,13 @@ def Transformer(num_layers, model_dim=1024, hidden_dim=8192, num_heads=16,
     # the trainer runs on (moe/base.py AutoDispatchImpl: gather on CPU/GPU, GShard's
     # Algorithm 2 einsums on TPU).
     p.moe_tpl = top2.MoELayer.SetExpertSharding(mp, p.device_mesh)
+    # GShard trains its decoder this way: with C < S, a later target
+    # token's first choice can take an earlier token's second-choice slot
+    # (Algorithm 1), a leak of the future into training routing. Accepted:
+    # it is the paper's model, and decoding, eval and export route each
+    # token alone (MoEBase.ForInference: groups of one token, no drops), so
+    # what is decoded and scored is causal.
+    p.allow_noncausal_routing = True
   # App. A.2: Adafactor (factored, beta1 = 0), lr 1.0, rsqrt decay from 10k.
   p.train.Set(optimizer='adafactor', learning_rate=1.0,
               lr_schedule='rsqrt_decay', warmup_steps=10000,

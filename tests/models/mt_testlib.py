@@ -14,9 +14,10 @@ def TinyParams(use_moe=False, **kw):
       hidden_dim=32, num_heads=2, dim_per_head=8, num_encoder_layers=2,
       num_decoder_layers=2, label_smoothing=0.1)
   if use_moe:
-    # One group, room for every token: no drops.
+    # One group, dropless (C = S): room for every token, causal routing.
     p.moe_tpl = top2.MoELayer.Params().Set(num_experts=4, num_groups=1,
-                                          expert_capacity=256)
+                                          capacity_factor=None,
+                                          eval_capacity_factor=None)
   return p.Set(**kw)
 
 

@@ -141,7 +141,8 @@ def test_one_train_step_gives_finite_loss_and_every_gradient(moe):
     tpl = balanced.BalancedMoELayer.Params().Set(
         hidden_dim=16, num_experts=4, output_activation='sigmoid',
         num_groups=1)
-  task = _Params(tpl).Instantiate()
+  # Batchwise gating is group-level: the LM must accept it explicitly.
+  task = _Params(tpl, allow_noncausal_routing=moe == 'balanced').Instantiate()
   metrics, _, grads = tf.function(task.LossAndGradients)(
       task.theta, _Batch(), step=tf.constant(1))
   assert np.isfinite(metrics.loss[0].numpy())

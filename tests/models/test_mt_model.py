@@ -99,6 +99,8 @@ def test_extra_padding_changes_no_loss(use_moe):
   m_short, ex_short = _Metrics(task, short)
   m_long, ex_long = _Metrics(task, long)
   for key in m_short:
+    if key.endswith('_capacity'):
+      continue  # Dropless C = S: the group size, which padding changes.
     np.testing.assert_allclose(m_long[key], m_short[key], rtol=1e-5,
                                atol=1e-6, err_msg=key)
   np.testing.assert_allclose(ex_long.xent, ex_short.xent, rtol=1e-5)

@@ -155,6 +155,7 @@ def test_moe_in_a_pipelined_model_routes_as_one_stage_one_micro_batch():
     p = _Params(k, m, **kw)
     p.moe_tpl.Set(num_groups=None, group_size=6, expert_capacity=None,
                   capacity_factor=0.5, second_expert_policy='random')
+    p.allow_noncausal_routing = True  # Drops on purpose (GShard's decoder).
     return p
 
   ref = Params(1, 1).Instantiate()

@@ -50,6 +50,7 @@ def Params():
       num_experts=4, group_size=2, num_groups=None, expert_capacity=1,
       second_expert_policy='random', selection_bias_rate=0.01,
       **{'aux_loss_weights.group_aux': 0.5})
+  p.allow_noncausal_routing = True  # Drops on purpose (GShard's decoder).
   return p
 
 

@@ -10,6 +10,8 @@
   top2.py          GShard top-2 gating and `MoELayer`
   noisy_top_k.py   Shazeer noisy top-k gating and `NoisyTopKMoELayer`
   balanced.py      strictly balanced gating (Shazeer App. F)
+  expert_choice.py expert-choice routing (Zhou et al. 2022), encoder-only
+  causality.py     whether a layer's routing is causal; the decoder/LM guard
   hierarchical.py  hierarchical MoE (Shazeer App. B) over the gates above
 
 Import the module you need (`from lingshard.layers.moe import top2`); this

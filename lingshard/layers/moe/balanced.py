@@ -97,8 +97,19 @@ class BalancedMoELayer(moe_base.MoEBase):
     self.CreateVariable('thresholds', base_layer.WeightParams(
         [p.num_experts], init=WeightInit.Constant(1.0 / p.num_experts)))
 
-  def _TopK(self):
-    return self.params.num_experts_per_token
+  @classmethod
+  def CapacityTopK(cls, p):
+    return p.num_experts_per_token
+
+  @classmethod
+  def RoutingLeaks(cls, p):
+    """Training's batchwise mask (eq. 18) is group-level: leaks unless
+    groups are single tokens."""
+    if p.group_size == 1:
+      return None
+    return ("each expert keeps the top m = k|X|/n tokens of its group "
+            '(App. F batchwise mask), so later tokens change earlier '
+            "tokens' experts")
 
   def TokensPerExpert(self, nonpad_gs):
     """m per group: floor(k |X| / n), int32 [G]."""

@@ -3,8 +3,8 @@
 `MoELayer` is GShard's position-wise MoE FFN (Lepikhin et al. 2020, §2.2,
 Algorithm 1 gating, Algorithm 2 dispatch; no residual or layer norm: the
 Transformer layer adds those). Every MoE-family layer (noisy top-k,
-hierarchical, strictly balanced) subclasses `MoEBase` and keeps the FFN
-contract of ffn.py (the dense FFN's too):
+hierarchical, strictly balanced, expert choice) subclasses `MoEBase` and
+keeps the FFN contract of ffn.py (the dense FFN's too):
 
     outputs, aux = layer.FProp(theta, inputs, paddings, step=None,
                                token_offset=0)
@@ -59,6 +59,7 @@ from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import linear
 from lingshard.layers.moe import bias_balance
+from lingshard.layers.moe import causality
 from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
@@ -89,7 +90,8 @@ class MoEBase(base_layer.BaseLayer):
   """Grouping, expert FFN, dispatch/combine and the FProp contract.
 
   Subclasses implement `Route(theta, x_gsm, nonpad_gs, token_gs, step,
-  capacity) -> (routing.Routing, aux_loss, stats)` and `_TopK()`; see
+  capacity) -> (routing.Routing, aux_loss, stats)`, `CapacityTopK(p)` and,
+  unless they route by token choice, `RoutingLeaks(p)`; see
   `MoELayer`. REPLICATED_WEIGHTS: {gating weight name: rank}.
   """
 
@@ -272,30 +274,10 @@ class MoEBase(base_layer.BaseLayer):
       zero = WeightInit.Constant(0.0)
       self.CreateVariable('bi', base_layer.WeightParams([e, h], init=zero))
       self.CreateVariable('bo', base_layer.WeightParams([e, m], init=zero))
-    self._CreateSharedExperts()
+    moe_shared.CreateWeights(self)
     if p.selection_bias_rate:
       self.CreateVariable(bias_balance.WEIGHT,
                           bias_balance.BiasWeightParams(p, type(self)))
-
-  def _CreateSharedExperts(self):
-    """shared_wi [N, M, Hs], shared_wo [N, Hs, M] (+ biases) if N > 0."""
-    p = self.params
-    n, m = p.num_shared_experts, p.input_dim
-    if n < 0:
-      raise ValueError(f'{p.name}: num_shared_experts must be >= 0, got {n}')
-    if n == 0:
-      return
-    if p.shared_hidden_dim is not None:
-      self.CheckPositive('shared_hidden_dim')
-    h = p.shared_hidden_dim or p.hidden_dim
-    self.CreateVariable('shared_wi', base_layer.WeightParams([n, m, h]))
-    self.CreateVariable('shared_wo', base_layer.WeightParams([n, h, m]))
-    if p.use_bias:
-      zero = WeightInit.Constant(0.0)
-      self.CreateVariable('shared_bi',
-                          base_layer.WeightParams([n, h], init=zero))
-      self.CreateVariable('shared_bo',
-                          base_layer.WeightParams([n, m], init=zero))
 
   def SelectionBias(self, theta):
     """The [E] bias a gate adds to its scores to select (no gradient), or
@@ -319,9 +301,25 @@ class MoEBase(base_layer.BaseLayer):
                        f'split into groups of group_size = {p.group_size}')
     return num_tokens // p.group_size, p.group_size
 
+  @classmethod
+  def CapacityTopK(cls, p):
+    """k of C = ceil(cf * k * S / E) for params `p`: expert choices per
+    token (top-2: 2; noisy / balanced: num_experts_per_token)."""
+    raise NotImplementedError(f'{cls.__name__}.CapacityTopK')
+
   def _TopK(self):
-    """Expert choices per token (capacity scale k)."""
-    raise NotImplementedError
+    return type(self).CapacityTopK(self.params)
+
+  @classmethod
+  def RoutingLeaks(cls, p):
+    """None if training-mode routing under params `p` is causal (a token's
+    experts never depend on later tokens or other sequences), else a
+    one-line reason (layers/moe/causality.py). Default: a token-choice
+    gate, which leaks iff its capacity can drop tokens; groups of one
+    token never leak."""
+    if p.group_size == 1:
+      return None
+    return causality.TokenChoiceLeak(p, cls.CapacityTopK(p))
 
   def Capacity(self, group_size):
     """C for the current mode (training / inference).

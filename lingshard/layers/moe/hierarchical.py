@@ -122,14 +122,18 @@ class HierarchicalMoELayer(moe_base.MoEBase):
       self.CreateVariable('w_noise_secondary', base_layer.WeightParams(
           [self._a, m, self._b], init=init))
 
-  def _Ks(self):
-    p = self.params
+  @staticmethod
+  def _KsOf(p):
     if p.gating_kind == 'top2':
       return 2, 2
     return p.k_primary, p.k_secondary
 
-  def _TopK(self):
-    k1, k2 = self._Ks()
+  def _Ks(self):
+    return self._KsOf(self.params)
+
+  @classmethod
+  def CapacityTopK(cls, p):
+    k1, k2 = cls._KsOf(p)
     return k1 * k2
 
   def Gate(self, theta, x_gsm, nonpad_gs, token_gs, step):

@@ -169,8 +169,9 @@ class NoisyTopKMoELayer(moe_base.MoEBase):
     self.CreateVariable('wg', base_layer.WeightParams(shape, init=zero))
     self.CreateVariable('w_noise', base_layer.WeightParams(shape, init=zero))
 
-  def _TopK(self):
-    return self.params.num_experts_per_token
+  @classmethod
+  def CapacityTopK(cls, p):
+    return p.num_experts_per_token
 
   def Gate(self, theta, x_gsm, token_gs, step):
     """NoisyTopK on [G, S, M] inputs (float32), noise in training only."""

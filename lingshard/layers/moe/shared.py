@@ -14,7 +14,32 @@ split like the tokens (`gsm`, hidden `gsnh`).
 
 import tensorflow as tf
 
+from lingshard.layers import base_layer
+from lingshard.weight_init import WeightInit
+
 WEIGHTS = ('shared_wi', 'shared_wo', 'shared_bi', 'shared_bo')
+
+
+def CreateWeights(layer):
+  """Declares shared_wi [N, M, Hs], shared_wo [N, Hs, M] (+ biases) on
+  the MoE layer `layer` (in its __init__) if N > 0."""
+  p = layer.params
+  n, m = p.num_shared_experts, p.input_dim
+  if n < 0:
+    raise ValueError(f'{p.name}: num_shared_experts must be >= 0, got {n}')
+  if n == 0:
+    return
+  if p.shared_hidden_dim is not None:
+    layer.CheckPositive('shared_hidden_dim')
+  h = p.shared_hidden_dim or p.hidden_dim
+  layer.CreateVariable('shared_wi', base_layer.WeightParams([n, m, h]))
+  layer.CreateVariable('shared_wo', base_layer.WeightParams([n, h, m]))
+  if p.use_bias:
+    zero = WeightInit.Constant(0.0)
+    layer.CreateVariable('shared_bi',
+                         base_layer.WeightParams([n, h], init=zero))
+    layer.CreateVariable('shared_bo',
+                         base_layer.WeightParams([n, m], init=zero))
 
 
 def SharedExperts(layer, theta, x_gsm, nonpad_gs, step):

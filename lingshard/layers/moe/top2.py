@@ -207,7 +207,8 @@ class MoELayer(moe_base.MoEBase):
     p.second_expert_policy = 'all'
     return keys + ['second_expert_policy']
 
-  def _TopK(self):
+  @classmethod
+  def CapacityTopK(cls, p):
     return 2
 
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
