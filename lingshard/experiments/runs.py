@@ -71,17 +71,21 @@ class Run:
   """One training run (see module docstring)."""
 
   def __init__(self, name, model, seed, stops, overrides='', decode=False,
-               eval_every=0, data='mt'):
+               eval_every=0, data='mt', flags=()):
     self.name, self.model, self.seed = name, model, int(seed)
+    self.flags = tuple(flags)  # Further trainer flags of the train commands.
     self.stops = sorted({int(s) for s in stops})
     self.overrides, self.decode = overrides, decode
     self.eval_every = int(eval_every) or self.stops[-1]
     self.data = data  # 'mt' (data_dir) or 'lm' (lm_data_dir)
 
   def Spec(self):
-    return dict(model=self.model, seed=self.seed, stops=self.stops,
+    spec = dict(model=self.model, seed=self.seed, stops=self.stops,
                 overrides=self.overrides, decode=self.decode,
                 eval_every=self.eval_every, data=self.data)
+    if self.flags:  # Only then: earlier runs' recorded hashes stay valid.
+      spec['flags'] = list(self.flags)
+    return spec
 
   def SpecHash(self):
     """The key a finished run's result.json is reused under."""
@@ -133,7 +137,7 @@ class Runner:
       cmds.append(('train', stop, base + [
           '--mode=train_and_eval', '--nojit', f'--seed={run.seed}',
           f'--max_steps={stop}', f'--params_override={train_ov}',
-          f'--eval_params_override={eval_ov}']))
+          f'--eval_params_override={eval_ov}', *run.flags]))
       if run.decode:
         dec_ov = ';'.join(o for o in (data_ov, 'task.decode.beam_size=1',
                                       run.overrides) if o)

@@ -62,3 +62,18 @@ def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
     runner.RunAll([changed], printer=lambda *a, **k: None)
   assert str(e.value).startswith('run cc_E8_s2: exit 1 of python -m '
                                  'lingshard.trainer --model=m4.TinyMoE')
+
+
+def test_extra_trainer_flags_reach_the_train_commands_and_the_spec():
+  runs = runs_lib
+  plain = runs.Run('a', 'm4.TinyMoE', 1, [10])
+  assert 'flags' not in plain.Spec()  # Recorded runs' hashes stay valid.
+  warm = runs.Run('b', 'm4.TinyMoEUpcycled', 1, [10],
+                  flags=['--init_from_checkpoint=logs/d/train/ckpt-5'])
+  assert warm.Spec()['flags'] == ['--init_from_checkpoint=logs/d/train/ckpt-5']
+  assert warm.SpecHash() != runs.Run('b', 'm4.TinyMoEUpcycled', 1,
+                                     [10]).SpecHash()
+  runner = runs.Runner('w', 'data', 'lm')
+  (kind, stop, argv), = runner.Commands(warm)
+  assert (kind, stop) == ('train', 10)
+  assert argv[-1] == '--init_from_checkpoint=logs/d/train/ckpt-5'

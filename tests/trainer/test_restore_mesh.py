@@ -19,10 +19,8 @@ weights on any mesh (stateless init by seed and weight path), so only
 values it cannot draw itself show that the restore read them.
 """
 
-import os
 
 import numpy as np
-import sentencepiece as spm
 import tensorflow as tf
 
 from lingshard import base_input
@@ -39,13 +37,7 @@ ONE_DEVICE = 'task.device_mesh=[0];task.moe_tpl.device_mesh=[0]'
 
 
 def _Overrides(prepared_dir):
-  vocab = os.path.join(prepared_dir, 'vocab', 'spm_shared.model')
-  size = spm.SentencePieceProcessor(model_file=vocab).get_piece_size()
-  return ';'.join([
-      f"input.file_pattern='{prepared_dir}/train.tsv'",
-      f"input.src_vocab='{vocab}'", f"input.tgt_vocab='{vocab}'",
-      'input.bucket_upper_bounds=[16]', 'input.bucket_batch_limits=[8]',
-      f'task.src_vocab_size={size}', f'task.tgt_vocab_size={size}',
+  return ';'.join(trainer_testlib.CorpusOverrides(prepared_dir, 16, 8) + [
       'task.num_encoder_layers=1', 'task.num_decoder_layers=1',
       'task.encoder_moe_layers=[0]', 'task.decoder_moe_layers=[0]',
       'task.model_dim=32', 'task.hidden_dim=32', 'task.num_heads=2',

@@ -27,7 +27,6 @@ import os
 
 import numpy as np
 import pytest
-import sentencepiece as spm
 import tensorflow as tf
 
 from lingshard import base_input
@@ -50,13 +49,7 @@ FFN = {'wi': 'fc_in/w', 'bi': 'fc_in/b', 'wo': 'fc_out/w', 'bo': 'fc_out/b'}
 
 
 def _Input(prepared_dir):
-  vocab = os.path.join(prepared_dir, 'vocab', 'spm_shared.model')
-  size = spm.SentencePieceProcessor(model_file=vocab).get_piece_size()
-  return ';'.join([
-      f"input.file_pattern='{prepared_dir}/train.tsv'",
-      f"input.src_vocab='{vocab}'", f"input.tgt_vocab='{vocab}'",
-      'input.bucket_upper_bounds=[16]', 'input.bucket_batch_limits=[8]',
-      f'task.src_vocab_size={size}', f'task.tgt_vocab_size={size}'])
+  return ';'.join(trainer_testlib.CorpusOverrides(prepared_dir, 16, 8))
 
 
 def _Params(model, logdir, overrides, *flags):

@@ -14,6 +14,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
+def CorpusOverrides(prepared_dir, bucket=64, batch=8):
+  """--params_override items training a translation model on the prepared
+  corpus `prepared_dir` (shared vocabulary) in one bucket."""
+  import sentencepiece as spm  # pylint: disable=g-import-not-at-top
+  vocab = os.path.join(prepared_dir, 'vocab', 'spm_shared.model')
+  size = spm.SentencePieceProcessor(model_file=vocab).get_piece_size()
+  return [f"input.file_pattern='{prepared_dir}/train.tsv'",
+          f"input.src_vocab='{vocab}'", f"input.tgt_vocab='{vocab}'",
+          f'input.bucket_upper_bounds=[{bucket}]',
+          f'input.bucket_batch_limits=[{batch}]',
+          f'task.src_vocab_size={size}', f'task.tgt_vocab_size={size}']
+
+
 def ParseFlags(*args):
   """Trainer flags parsed from `args` on a fresh FlagValues."""
   fv = flags.FlagValues()

@@ -1,0 +1,119 @@
+"""Issue 30's comparisons on the prepared corpus, printed as tables.
+
+  .venv/bin/python scripts/compare_routing_toolkit.py [--only balance,upcycle]
+
+balance   auxiliary-loss-free balancing (DeepSeek-V3 §2.1.2) vs GShard's aux
+          loss: m4.TinyMoE with group_aux 0.01 (its default) against
+          group_aux 0 + selection_bias_rate, and group_aux 0 alone (no
+          balancing), `--steps` steps, every seed: dev log-perplexity and the
+          MoE layers' max/mean load and CV(load) over the last quarter.
+upcycle   sparse upcycling (Komatsuzaki et al. 2023): a dense twin with the
+          experts' hidden (m4.TinyDense, task.hidden_dim=256) trained
+          `--steps`/2 steps, then m4.TinyMoEUpcycled from its checkpoint for
+          `--steps`/2 more, against the dense run continued and m4.TinyMoE
+          from scratch (the balance experiment's aux arm): dev
+          log-perplexity curves at equal training steps.
+
+Runs are the trainer binary (lingshard/experiments/runs.py: two at a time,
+one thread each; finished runs are reused from --work_dir).
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))
+from lingshard.experiments import runs as runs_lib  # noqa: E402
+
+DENSE_H256 = 'task.hidden_dim=256'
+
+
+def _Args():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument('--only', default='balance,upcycle')
+  ap.add_argument('--data_dir', default='data/ui_m4')
+  ap.add_argument('--work_dir', default='logs/toolkit')
+  ap.add_argument('--seeds', default='1,2,3')
+  ap.add_argument('--steps', type=int, default=1000)
+  ap.add_argument('--rate', type=float, default=0.001,
+                  help='selection_bias_rate of the aux-loss-free arm.')
+  ap.add_argument('--workers', type=int, default=2)
+  return ap.parse_args()
+
+
+def _Curve(result):
+  return {c['step']: c['log_pplx'] for c in result['curve']}
+
+
+def _Row(name, values, fmt='{:.3f}'):
+  v = np.asarray(values, float)
+  cells = ', '.join(fmt.format(x) for x in v)
+  return (f'{name:<22} mean {fmt.format(v.mean())}  spread '
+          f'{fmt.format(v.max() - v.min())}  ({cells})')
+
+
+def Balance(runner, seeds, steps, rate, eval_every):
+  arms = {
+      'aux0.01': '',
+      f'bias{rate:g}': ('task.moe_tpl.aux_loss_weights.group_aux=0.0;'
+                        f'task.moe_tpl.selection_bias_rate={rate}'),
+      'none': 'task.moe_tpl.aux_loss_weights.group_aux=0.0',
+  }
+  runs = [runs_lib.Run(f'{arm}-s{s}', 'm4.TinyMoE', s, [steps], ov,
+                       eval_every=eval_every)
+          for arm, ov in arms.items() for s in seeds]
+  results = runner.RunAll(runs)
+  print(f'\nbalance: m4.TinyMoE, {steps} steps, seeds {seeds}')
+  for arm in arms:
+    rs = [results[f'{arm}-s{s}'] for s in seeds]
+    print(_Row(f'{arm} dev log_pplx', [_Curve(r)[steps] for r in rs]))
+    for key in ('max_over_mean_load', 'cv_load', 'over_capacity_first'):
+      print(_Row(f'  {key}', [r['routing'][key] for r in rs]))
+  return results
+
+
+def Upcycle(runner, seeds, steps, eval_every, work_dir):
+  half = steps // 2
+  dense = [runs_lib.Run(f'dense256-s{s}', 'm4.TinyDense', s, [half, steps],
+                        DENSE_H256, eval_every=eval_every) for s in seeds]
+  runner.RunAll(dense)
+  up = [runs_lib.Run(f'upcycled-s{s}', 'm4.TinyMoEUpcycled', s, [half], '',
+                     eval_every=eval_every, flags=[
+                         '--init_from_checkpoint=' + os.path.join(
+                             work_dir, f'dense256-s{s}', 'train',
+                             f'ckpt-{half}')]) for s in seeds]
+  scratch = [runs_lib.Run(f'aux0.01-s{s}', 'm4.TinyMoE', s, [steps], '',
+                          eval_every=eval_every) for s in seeds]
+  results = runner.RunAll(dense + up + scratch)
+  print(f'\nupcycle: dev log_pplx at training step (dense {half} steps, '
+        f'then {half} more as each arm)')
+  for step in range(eval_every, steps + 1, eval_every):
+    print(f'step {step}')
+    print(_Row('  TinyDense H256', [_Curve(results[f'dense256-s{s}'])[step]
+                                     for s in seeds]))
+    if step > half:
+      print(_Row('  upcycled from it', [
+          _Curve(results[f'upcycled-s{s}'])[step - half] for s in seeds]))
+    print(_Row('  TinyMoE scratch', [_Curve(results[f'aux0.01-s{s}'])[step]
+                                      for s in seeds]))
+  return results
+
+
+def main():
+  args = _Args()
+  seeds = [int(s) for s in args.seeds.split(',')]
+  runner = runs_lib.Runner(args.work_dir, args.data_dir, None,
+                           workers=args.workers)
+  eval_every = max(1, args.steps // 4)
+  only = args.only.split(',')
+  if 'balance' in only:
+    Balance(runner, seeds, args.steps, args.rate, eval_every)
+  if 'upcycle' in only:
+    Upcycle(runner, seeds, args.steps, eval_every, args.work_dir)
+
+
+if __name__ == '__main__':
+  main()
