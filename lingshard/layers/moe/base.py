@@ -450,7 +450,7 @@ class MoEBase(base_layer.BaseLayer):
                                            step, capacity)
     if p.selection_bias_rate and not p.is_inference:
       gate_out = bias_balance.CarryCounts(gate_out, theta.selection_bias,
-                                          nonpad_gs, p.num_experts)
+                                          p.num_experts)
     metrics = routing_metrics.RoutingMetrics(
         gate_out, nonpad_gs, p.num_experts, importance_e=stats.importance_e,
         load_e=stats.load_e, num_position_buckets=p.num_position_buckets)

@@ -11,10 +11,13 @@ After every step, each bias moves against its expert's load:
 
     b_e <- b_e + gamma * sign(mean_e'(c_e') - c_e)            (§2.1.2)
 
-c_e = the choices of real tokens that selected expert e in the step (every
-rank of a token's top k, before capacity and second-expert policy: the
-selection the bias steers), summed over the whole batch: every group,
-micro-batch, replica and SPMD shard.
+c_e = the load of expert e in the step: the choices of real tokens that
+want it (`Routing.wanted_gsk`: selected, and kept by a second-expert policy
+such as GShard's `random`; before capacity), summed over the whole batch:
+every group, micro-batch, replica and SPMD shard. (Counting every selected
+rank instead balanced the selections but not the load: with GShard's
+random policy an expert picked mostly as a low-gate second choice is often
+rejected, so equal selections left max/mean load at 2.0, measured.)
 
 How the counts reach the step: b is a non-trainable weight whose gradient
 slot carries c (`CountCarrier`: an identity on the combine weights whose
@@ -54,10 +57,12 @@ def BiasWeightParams(p, layer_cls):
       count_update_rate=float(p.selection_bias_rate))
 
 
-def SelectionCounts(expert_gsk, nonpad_gs, num_experts):
-  """c [E]: choices of real tokens per expert, einsum `GSKE,GS->E` (float32)."""
+def LoadCounts(expert_gsk, wanted_gsk, num_experts):
+  """c [E]: wanted choices per expert, einsum `GSKE,GSK->E` (float32;
+  `wanted_gsk` is False for padding tokens)."""
   onehot_gske = tf.one_hot(expert_gsk, num_experts, dtype=tf.float32)
-  return tf.einsum('gske,gs->e', onehot_gske, tf.cast(nonpad_gs, tf.float32))
+  return tf.einsum('gske,gsk->e', onehot_gske,
+                   tf.cast(wanted_gsk, tf.float32))
 
 
 def CountCarrier(t, bias_e, counts_e):
@@ -77,10 +82,10 @@ def CountCarrier(t, bias_e, counts_e):
   return Carry(t, bias_e)
 
 
-def CarryCounts(routing, bias_e, nonpad_gs, num_experts):
-  """`routing` whose combine weights carry its selection counts to the
+def CarryCounts(routing, bias_e, num_experts):
+  """`routing` whose combine weights carry its load counts to the
   gradient slot of `bias_e` (training: the step reads them there)."""
-  counts_e = SelectionCounts(routing.expert_gsk, nonpad_gs, num_experts)
+  counts_e = LoadCounts(routing.expert_gsk, routing.wanted_gsk, num_experts)
   return routing._replace(
       weight_gsk=CountCarrier(routing.weight_gsk, bias_e, counts_e))
 

@@ -1,6 +1,6 @@
 """Auxiliary-loss-free balancing (DeepSeek-V3 §2.1.2): a per-expert bias
 steers the top-k selection only (gate values stay unbiased), its gradient
-slot carries the batch's selection counts (summed over a pipeline's
+slot carries the batch's load counts (summed over a pipeline's
 micro-batches like a gradient), and the train step applies
 b += gamma * sign(mean(c) - c) instead of an optimizer update."""
 
@@ -84,17 +84,22 @@ def _BiasGrad(layer, scale):
   return tape.gradient(loss, layer.vars.selection_bias).numpy()
 
 
-def test_the_bias_gradient_slot_is_the_selection_count():
-  layer = _Top2()
+def test_the_bias_gradient_slot_is_the_load_count():
+  """Wanted choices per expert: every real token's first choice and the
+  second choices GShard's random policy keeps (not padding, not the
+  rejected seconds); not scaled by the loss."""
+  layer = _Top2(second_expert_policy='random')
   layer.vars.selection_bias.assign([0.0, 0.3, 0.0, 0.0])
   x, pad = _Inputs()
   out, _, _ = layer.ComputeRouting(layer.theta, x, pad)
   real = (1.0 - pad).reshape([-1]) > 0
-  expert = out.expert_gsk.numpy().reshape([-1, 2])[real]
-  want = np.bincount(expert.reshape([-1]), minlength=E).astype(np.float32)
-  assert want.sum() == 2 * real.sum()  # Both ranks of every real token.
+  expert = out.expert_gsk.numpy().reshape([-1, 2])
+  kept = out.accept_gs.numpy().reshape([-1])
+  assert 0 < kept[real].sum() < real.sum()  # Some seconds rejected.
+  want = (np.bincount(expert[real, 0], minlength=E) +
+          np.bincount(expert[real & kept, 1], minlength=E)).astype(np.float32)
   np.testing.assert_array_equal(_BiasGrad(layer, 1.0), want)
-  np.testing.assert_array_equal(_BiasGrad(layer, 3.5), want)  # Not scaled.
+  np.testing.assert_array_equal(_BiasGrad(layer, 3.5), want)
 
 
 def test_pipelined_counts_sum_over_micro_batches():
