@@ -55,6 +55,23 @@ def _Row(name, values, fmt='{:.3f}'):
           f'{fmt.format(v.max() - v.min())}  ({cells})')
 
 
+def SummedLoadBalance(logdir, steps):
+  """max/mean over experts of each MoE layer's load summed over the
+  summaries of the last quarter of training, averaged over layers: the
+  long-run balance (the per-step max/mean of the table is a mean of
+  per-batch ratios)."""
+  events = runs_lib._Events(os.path.join(logdir, 'train'))  # pylint: disable=protected-access
+  layers = {}
+  for tag, values in events.items():
+    layer, sep, expert = tag.rpartition('_load/')
+    if sep and expert.isdigit():
+      layers.setdefault(layer, {})[int(expert)] = sum(
+          v for s, v in values if s > 0.75 * steps)
+  ratios = [max(e.values()) / np.mean(list(e.values()))
+            for e in layers.values()]
+  return float(np.mean(ratios))
+
+
 def Balance(runner, seeds, steps, rate, eval_every):
   arms = {
       'aux0.01': '',
@@ -72,6 +89,8 @@ def Balance(runner, seeds, steps, rate, eval_every):
     print(_Row(f'{arm} dev log_pplx', [_Curve(r)[steps] for r in rs]))
     for key in ('max_over_mean_load', 'cv_load', 'over_capacity_first'):
       print(_Row(f'  {key}', [r['routing'][key] for r in rs]))
+    print(_Row('  summed-load max/mean', [SummedLoadBalance(
+        os.path.join(runner.work_dir, f'{arm}-s{s}'), steps) for s in seeds]))
   return results
 
 
