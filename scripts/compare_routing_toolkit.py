@@ -41,6 +41,10 @@ def _Args():
   ap.add_argument('--rate', type=float, default=0.001,
                   help='selection_bias_rate of the aux-loss-free arm.')
   ap.add_argument('--workers', type=int, default=2)
+  ap.add_argument('--params_override', default='',
+                  help='Appended to every run\'s overrides (e.g. one '
+                  'bucket: input.bucket_upper_bounds=[64];'
+                  'input.bucket_batch_limits=[16]).')
   return ap.parse_args()
 
 
@@ -125,7 +129,8 @@ def main():
   args = _Args()
   seeds = [int(s) for s in args.seeds.split(',')]
   runner = runs_lib.Runner(args.work_dir, args.data_dir, None,
-                           workers=args.workers)
+                           workers=args.workers,
+                           mt_overrides=args.params_override)
   eval_every = max(1, args.steps // 4)
   only = args.only.split(',')
   if 'balance' in only:
