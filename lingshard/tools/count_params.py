@@ -63,7 +63,6 @@ flags.DEFINE_string('model', 'm4.TinyMoE',
 
 KINDS = ('embedding', 'attention', 'dense_ffn', 'experts', 'shared_experts',
          'gating', 'layer_norm', 'lstm', 'other')
-_EXPERT_WEIGHTS = ('wi', 'wo', 'bi', 'bo')
 _LAYER_KINDS = (
     (embedding.EmbeddingLayer, 'embedding'),
     (softmax.SoftmaxLayer, 'embedding'),
@@ -181,7 +180,7 @@ def CountTask(task):
     shape = [int(d) for d in wp.shape]
     n = int(np.prod(shape, dtype=np.int64))
     if kind == 'moe':
-      kind = ('experts' if name in _EXPERT_WEIGHTS else 'shared_experts'
+      kind = ('experts' if name in moe_base.MoEBase.EXPERT_WEIGHTS else 'shared_experts'
               if name in moe_shared.WEIGHTS else 'gating')
     layers, mapping = 1, wp.tensor_split_dims_mapping
     mesh, names = wp.device_mesh, layer.params.mesh_axis_names

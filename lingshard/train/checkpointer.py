@@ -51,12 +51,13 @@ from google.protobuf import text_format
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2
 
+_THETA = 'theta/'
 _SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
 STATE_FILE = 'checkpoint'
 _PREFIX = 'ckpt'
 # What a damaged or truncated checkpoint file raises when read (a short
 # read of a `.data` file is an IndexError).
-_READ_ERRORS = (tf.errors.OpError, ValueError, LookupError)
+READ_ERRORS = (tf.errors.OpError, ValueError, LookupError)
 _WRITE_ERRORS = (tf.errors.OpError, OSError)
 
 
@@ -149,11 +150,23 @@ def _DataFile(path):
   return found[0] if len(found) == 1 else path + '.data-*'
 
 
-def _Reader(path, what='checkpoint file', advice=None):
+def WeightKey(name):
+  """The checkpoint key of the weight at path `name`."""
+  return f'{_THETA}{name}{_SUFFIX}'
+
+
+def WeightNames(reader):
+  """The weight paths a checkpoint (its `Reader`) holds."""
+  return {k[len(_THETA):-len(_SUFFIX)]
+          for k in reader.get_variable_to_shape_map()
+          if k.startswith(_THETA) and k.endswith(_SUFFIX)}
+
+
+def Reader(path, what='checkpoint file', advice=None):
   """A CheckpointReader of `path`; CheckpointError naming its `.index`."""
   try:
     return tf.train.load_checkpoint(path)
-  except _READ_ERRORS as e:
+  except READ_ERRORS as e:
     raise CheckpointError(f'{what} {path}.index is unreadable '
                           f'({ErrorText(e)})' +
                           (f'; {advice}' if advice else '')) from None
@@ -168,7 +181,7 @@ def _FirstBadFile(path, reader):
     tf.raw_ops.RestoreV2(prefix=path, tensor_names=names,
                          shape_and_slices=[''] * len(names),
                          dtypes=[dtypes[n] for n in names])
-  except _READ_ERRORS as e:
+  except READ_ERRORS as e:
     return _DataFile(path), e
   return None, None
 
@@ -233,7 +246,7 @@ class Checkpointer:
 
   def CheckCompatible(self, path, reader=None):
     """Raises CheckpointError naming the first variable that differs."""
-    reader = reader or _Reader(path)
+    reader = reader or Reader(path)
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
     for prefix, kind, ours in (('theta', 'variable', self._theta),
@@ -265,7 +278,7 @@ class Checkpointer:
     path = path or self.LatestPath()
     if path is None:
       return None, False
-    reader = _Reader(path, advice=_Advice(self.train_dir))
+    reader = Reader(path, advice=_Advice(self.train_dir))
     self.CheckCompatible(path, reader)
     has_data = 'data/.ATTRIBUTES/ITERATOR_STATE' in (
         reader.get_variable_to_shape_map())
@@ -278,7 +291,7 @@ class Checkpointer:
     seed_before = int(self._state.seed.numpy())
     try:
       tf.train.Checkpoint(**objects).read(path).expect_partial()
-    except _READ_ERRORS as e:
+    except READ_ERRORS as e:
       bad, error = _FirstBadFile(path, reader)
       if bad is None:
         raise CheckpointError(f'checkpoint {path} could not be restored: '
@@ -304,10 +317,10 @@ class Checkpointer:
     Every weight of the model must be in the checkpoint with the same
     shape; extra checkpoint variables are ignored.
     """
-    reader = _Reader(path, what='--init_from_checkpoint file')
+    reader = Reader(path, what='--init_from_checkpoint file')
     shapes = reader.get_variable_to_shape_map()
     for name in sorted(self._theta):
-      key = f'theta/{name}{_SUFFIX}'
+      key = WeightKey(name)
       var = self._theta[name]
       if key not in shapes:
         raise CheckpointError(f'--init_from_checkpoint {path}: variable '
@@ -318,9 +331,9 @@ class Checkpointer:
                               f'model but {list(shapes[key])} in the '
                               'checkpoint')
     try:
-      values = {name: reader.get_tensor(f'theta/{name}{_SUFFIX}')
+      values = {name: reader.get_tensor(WeightKey(name))
                 for name in sorted(self._theta)}
-    except _READ_ERRORS as e:
+    except READ_ERRORS as e:
       raise CheckpointError(f'--init_from_checkpoint file {_DataFile(path)} '
                             f'is unreadable ({ErrorText(e)})') from None
     for name, value in values.items():

@@ -55,9 +55,6 @@ from lingshard.train import checkpointer
 _PREFIX = 'init_from_checkpoint_rules'
 # The key whose checkpoint is the trainer's --init_from_checkpoint.
 FLAG_KEY = ''
-_THETA = 'theta/'
-_SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
-_READ_ERRORS = (tf.errors.OpError, ValueError, LookupError)
 
 
 class InitRulesError(checkpointer.CheckpointError):
@@ -231,22 +228,15 @@ class Rules:
     readers, sources = {}, {}
     for key, _, _ in self._parsed:
       path = self._Checkpoint(key)
-      try:
-        readers[key] = tf.train.load_checkpoint(path)
-      except _READ_ERRORS as e:
-        raise _Fail(f'checkpoint {path} is unreadable '
-                    f'({checkpointer.ErrorText(e)})') from None
-      sources[key] = (path, {
-          k[len(_THETA):-len(_SUFFIX)]
-          for k in readers[key].get_variable_to_shape_map()
-          if k.startswith(_THETA) and k.endswith(_SUFFIX)})
+      readers[key] = checkpointer.Reader(path, what=f'{_PREFIX} checkpoint')
+      sources[key] = (path, checkpointer.WeightNames(readers[key]))
     plan = self.Plan(list(theta), sources)
     for target, (key, source) in sorted(plan.items()):
       var, path = theta[target], sources[key][0]
       try:
         value = np.asarray(readers[key].get_tensor(
-            f'{_THETA}{source}{_SUFFIX}'))
-      except _READ_ERRORS as e:
+            checkpointer.WeightKey(source)))
+      except checkpointer.READ_ERRORS as e:
         raise _Fail(f'checkpoint {path} is unreadable '
                     f'({checkpointer.ErrorText(e)})') from None
       where = (f'cannot load {target!r} {var.shape.as_list()} from '

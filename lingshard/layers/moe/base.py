@@ -205,9 +205,8 @@ class MoEBase(base_layer.BaseLayer):
       wmap.Set(**{name: [a, r, r]})
     for name in ('bi', 'bo'):
       wmap.Set(**{name: [a, r]})
-    shared = dict(shared_wi=3, shared_wo=3, shared_bi=2, shared_bo=2)
-    for name, rank in {**cls.REPLICATED_WEIGHTS, **shared,
-                       'selection_bias': 1}.items():
+    for name, rank in {**cls.REPLICATED_WEIGHTS, **moe_shared.WEIGHT_RANKS,
+                       bias_balance.WEIGHT: 1}.items():
       wmap.Set(**{name: [r] * rank})
     amap = p.activation_split_dims_mapping
     amap.gsm = [groups, r, r]

@@ -17,7 +17,9 @@ import tensorflow as tf
 from lingshard.layers import base_layer
 from lingshard.weight_init import WeightInit
 
-WEIGHTS = ('shared_wi', 'shared_wo', 'shared_bi', 'shared_bo')
+# Shared-expert weights and their ranks (all replicated: SetExpertSharding).
+WEIGHT_RANKS = {'shared_wi': 3, 'shared_wo': 3, 'shared_bi': 2, 'shared_bo': 2}
+WEIGHTS = tuple(WEIGHT_RANKS)
 
 
 def CreateWeights(layer):
