@@ -32,7 +32,9 @@ models, whose dense part (attention, dense FFNs, embeddings: 0.38B at 12L,
 of "L" does better: the expert weights of MoE(128E, 36L) alone are 38.65B.
 
 The data: `DATA_DIR` (a `lingshard.data.prepare` output directory) read by
-`lingshard.data.inputs.MtInput`; point a run elsewhere with
+`lingshard.data.inputs.MtInput`; the `*Large` Tiny configs read
+`LARGE_DATA_DIR` (`prepare --corpus=large`). A config class names its
+corpus with its `DATA_DIR` attribute; point a run elsewhere with
 `--params_override=input.file_pattern=...;input.src_vocab=...;...`.
 """
 
@@ -50,8 +52,10 @@ from lingshard.models import mt_model
 from lingshard.layers.moe import noisy_top_k
 from lingshard.layers.moe import top2
 
-# Where `python -m lingshard.data.prepare` writes the corpus by default.
+# Where `python -m lingshard.data.prepare` writes the corpus by default,
+# and the large corpus (`--corpus=large`).
 DATA_DIR = prepare.DEFAULT_OUT
+LARGE_DATA_DIR = prepare.LARGE_OUT
 MESH_AXIS_NAMES = ['x']  # One axis: batch/groups and experts (GShard §3.2).
 
 
@@ -111,10 +115,11 @@ def Transformer(num_layers, model_dim=1024, hidden_dim=8192, num_heads=16,
 class M4Corpus(SingleTaskModelParams):
   """Inputs: the prepared multilingual corpus in DATA_DIR (xx -> en)."""
 
+  DATA_DIR = DATA_DIR  # The prepare output directory read.
   SHARED_VOCAB = False  # True: spm_shared.model on both sides.
 
   def _Input(self, split):
-    return inputs.MtInput.ParamsForCorpus(DATA_DIR, split,
+    return inputs.MtInput.ParamsForCorpus(self.DATA_DIR, split,
                                           shared_vocab=self.SHARED_VOCAB)
 
   def Train(self):
@@ -366,6 +371,21 @@ class TinyDense(TinyCorpus):
   def Task(self):
     p = Transformer(4, hidden_dim=TINY_DENSE_HIDDEN, num_devices=8, **TINY)
     return TinyTrain(p)
+
+
+# The same two models on the large corpus (`python -m lingshard.data.prepare
+# --corpus=large`): ~5x the English strings. Its shared vocabulary has the
+# same 4,000 pieces, so the models are the same size.
+@model_registry.RegisterSingleTaskModel
+class TinyMoELarge(TinyMoE):
+  """TinyMoE on the large corpus in LARGE_DATA_DIR."""
+  DATA_DIR = LARGE_DATA_DIR
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyDenseLarge(TinyDense):
+  """TinyDense on the large corpus in LARGE_DATA_DIR."""
+  DATA_DIR = LARGE_DATA_DIR
 
 
 # Sparse upcycling (Komatsuzaki et al. 2023, Figure 1): an MoE layer's

@@ -1,6 +1,8 @@
 """The registered M4 configs: GShard Table 1 settings, text round trip, and
 one train step of every CPU-sized config."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -73,9 +75,27 @@ CPU_KEYS = [k for k in M4_KEYS
 
 
 def test_cpu_sized_configs():
-  assert CPU_KEYS == ['m4.TinyDense', 'm4.TinyMoE', 'm4.TinyMoE12L',
-                      'm4.TinyMoE16E', 'm4.TinyMoE32E', 'm4.TinyMoE4E',
-                      'm4.TinyMoEShared', 'm4.TinyMoEUpcycled']
+  assert CPU_KEYS == ['m4.TinyDense', 'm4.TinyDenseLarge', 'm4.TinyMoE',
+                      'm4.TinyMoE12L', 'm4.TinyMoE16E', 'm4.TinyMoE32E',
+                      'm4.TinyMoE4E', 'm4.TinyMoELarge', 'm4.TinyMoEShared',
+                      'm4.TinyMoEUpcycled']
+
+
+# The *Large configs are TinyMoE / TinyDense reading the large corpus.
+LARGE = {'m4.TinyMoELarge': 'm4.TinyMoE', 'm4.TinyDenseLarge': 'm4.TinyDense'}
+
+
+@pytest.mark.parametrize('key', sorted(LARGE))
+def test_large_configs_are_the_tiny_models_on_the_large_corpus(key):
+  for dataset, split in (('Train', 'train'), ('Dev', 'dev_unseen_en'),
+                         ('Test', 'test_unseen_en')):
+    p = model_registry.GetParams(key, dataset)
+    base = model_registry.GetParams(LARGE[key], dataset)
+    assert p.task == base.task
+    vocab = os.path.join(m4.LARGE_DATA_DIR, 'vocab', 'spm_shared.model')
+    assert p.input == base.input.Copy().Set(
+        file_pattern=os.path.join(m4.LARGE_DATA_DIR, f'{split}.tsv'),
+        src_vocab=vocab, tgt_vocab=vocab)
 
 
 @pytest.mark.parametrize('key,experts,layers', [
@@ -101,8 +121,10 @@ def test_tiny_moe_variants_differ_only_in_experts_and_depth(key, experts,
 
 # m4.TinyMoEUpcycled is m4.TinyMoE plus expert biases (their step: tests/
 # layers/moe/test_moe_layer.py) and a dense checkpoint to start from
-# (tests/trainer/test_upcycling.py): no step of its own here.
-STEP_KEYS = [k for k in CPU_KEYS if k != 'm4.TinyMoEUpcycled']
+# (tests/trainer/test_upcycling.py): no step of its own here, nor for the
+# *Large configs (the same models as TinyMoE / TinyDense).
+STEP_KEYS = [k for k in CPU_KEYS
+             if k != 'm4.TinyMoEUpcycled' and k not in LARGE]
 
 
 @pytest.mark.parametrize('key', STEP_KEYS)
