@@ -32,9 +32,8 @@ models, whose dense part (attention, dense FFNs, embeddings: 0.38B at 12L,
 of "L" does better: the expert weights of MoE(128E, 36L) alone are 38.65B.
 
 The data: `DATA_DIR` (a `lingshard.data.prepare` output directory) read by
-`lingshard.data.inputs.MtInput`; the `*Large` Tiny configs read
-`LARGE_DATA_DIR` (`prepare --corpus=large`). A config class names its
-corpus with its `DATA_DIR` attribute; point a run elsewhere with
+`lingshard.data.inputs.MtInput` (a config's `DATA_DIR` attribute; the
+`*Large` configs read `prepare --corpus=large`'s); point a run elsewhere with
 `--params_override=input.file_pattern=...;input.src_vocab=...;...`.
 """
 
@@ -52,8 +51,7 @@ from lingshard.models import mt_model
 from lingshard.layers.moe import noisy_top_k
 from lingshard.layers.moe import top2
 
-# Where `python -m lingshard.data.prepare` writes the corpus by default,
-# and the large corpus (`--corpus=large`).
+# Where `lingshard.data.prepare` writes the corpus (and with --corpus=large).
 DATA_DIR = prepare.DEFAULT_OUT
 LARGE_DATA_DIR = prepare.LARGE_OUT
 MESH_AXIS_NAMES = ['x']  # One axis: batch/groups and experts (GShard §3.2).
@@ -373,9 +371,8 @@ class TinyDense(TinyCorpus):
     return TinyTrain(p)
 
 
-# The same two models on the large corpus (`python -m lingshard.data.prepare
-# --corpus=large`): ~5x the English strings. Its shared vocabulary has the
-# same 4,000 pieces, so the models are the same size.
+# The same two models on the large corpus (prepare --corpus=large: ~5x the
+# English strings, a shared vocabulary of the same 4,000 pieces).
 @model_registry.RegisterSingleTaskModel
 class TinyMoELarge(TinyMoE):
   """TinyMoE on the large corpus in LARGE_DATA_DIR."""
