@@ -13,9 +13,9 @@ and untranslated entries out of a `.mo`, so what remains is what the
 translators finished; a `.po` beside it is always the one read.
 
 A wheel that is missing or not a zip, a member that cannot be read,
-decoded or parsed (.po or .mo), a catalog language or package name that is not a safe
-file name (corpus_io.IsSafeName) raise corpus_io.CorpusError naming the
-wheel file and member.
+decoded or parsed (.po or .mo), a catalog language or package name that
+is not a safe file name (corpus_io.IsSafeName) raise corpus_io.CorpusError
+naming the wheel file and member.
 """
 
 import collections
