@@ -13,7 +13,7 @@ words. Same interpreter, same bytes: a re-run writes identical files.
 
 --sources (the larger corpus): reads pinned sources instead, comma-
 separated names of lingshard/data/lm_sources.py PINS or the set `large`
-(all: the stdlib and ~45 permissively licensed distributions of the venv,
+(all: the stdlib and 47 permissively licensed distributions of the venv,
 e.g. tensorflow, jax, scipy, numpy, matplotlib). Each is checked against
 its pin (exact version, licence, sha256 fingerprint of the files read)
 before anything is read; a missing or changed source is a one-line error.

@@ -52,7 +52,8 @@ STDLIB_LICENCE = 'PSF-2.0'
 # installed, permissively licensed dependencies with >= 1,000 words of
 # prose, and pip (the venv's own installer). Left out: regex (Apache-2.0
 # AND CNRI-Python), namex (no licence metadata), ruff (no Python sources),
-# tzdata, six, gast, ... (< 1,000 words each).
+# tzdata, six, gast, ... (< 1,000 words each). `large` = all of them:
+# 2,729,211 train words (of 2,986,670), the venv's whole permissive prose.
 PINS = (
     SourcePin('stdlib', '3.11.7', 'PSF-2.0',
         '81c1c48a12b3ddab9c02386f11ffd301601facbdf55affb02959aed148351d9a'),

@@ -102,7 +102,7 @@ def Model(name, vocab_size=VOCAB_SIZE, model_dim=MODEL_DIM,
 # The English corpus of lingshard.data.lm_prepare (the 1B Word Benchmark is
 # not available offline); its word vocabulary sizes the embedding/softmax.
 DATA_DIR = 'data/lm_en'
-# lm_prepare --sources=large: the stdlib and ~45 pinned venv distributions.
+# lm_prepare --sources=large: the stdlib and 47 pinned venv distributions.
 LARGE_DATA_DIR = 'data/lm_en_large'
 
 
