@@ -1,6 +1,7 @@
-"""An English LM corpus, offline: the standard library's prose.
+"""An English LM corpus, offline: the prose of pinned Python sources.
 
   python -m lingshard.data.lm_prepare --out data/lm_en
+  python -m lingshard.data.lm_prepare --sources=large --out data/lm_en_large
 
 Reads the docstrings (`ast`) and comments (`tokenize`) of every module of
 this interpreter's standard library (never importing or running them;
@@ -9,6 +10,20 @@ deduplicates them (first occurrence, modules in path order), splits
 train/dev/test by module (sha256 of the module path: 90/5/5, so no module
 is in two splits) and writes a word vocabulary of the most frequent train
 words. Same interpreter, same bytes: a re-run writes identical files.
+
+--sources (the larger corpus): reads pinned sources instead, comma-
+separated names of lingshard/data/lm_sources.py PINS or the set `large`
+(all: the stdlib and 47 permissively licensed distributions of the venv,
+e.g. tensorflow, jax, scipy, numpy, matplotlib). Each is checked against
+its pin (exact version, licence, sha256 fingerprint of the files read)
+before anything is read; a missing or changed source is a one-line error.
+Sources are read in PINS order, modules in path order within each; the
+module path hashed for the split is `<name>/<path>` (e.g.
+`tensorflow/tensorflow/python/ops/math_ops.py`); docstring markup is
+stripped first (StripMarkup: reST sections, numpydoc / Google parameter
+lists, backquotes), since package docstrings are mostly structured; the
+output adds ATTRIBUTION.txt and licenses/ (each source's licence files),
+and the manifest lists the sources (pin, modules, sentences, words).
 
 Sentences: paragraphs (blank-line separated; doctest `>>>`/`...` lines
 dropped) split after `.`, `!` or `?` followed by a capital letter; words
@@ -33,22 +48,29 @@ import re
 import sys
 import sysconfig
 import tempfile
+import time
 import tokenize
 
 from absl import app
 from absl import flags
 
+from lingshard.data import lm_sources
 from lingshard.tools import cli
 
 SPECIALS = ('<pad>', '<s>', '</s>', '<unk>')
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 SPLITS = ('train', 'dev', 'test')
-_SKIP_DIRS = {'test', 'tests', 'idlelib', 'turtledemo', 'lib2to3',
-              'site-packages', 'dist-packages', '__pycache__', 'ensurepip',
-              'tkinter', 'pydoc_data'}
 _WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?|[0-9]+|[^\sa-z0-9]")
 _SENT_END_RE = re.compile(r'(?<=[.!?])\s+(?=[A-Z])')
 _ABBREVIATIONS = ('e.g.', 'i.e.', 'etc.', 'vs.', 'cf.', 'Mr.', 'Dr.')
+# --sources only (StripMarkup): reST/numpydoc/Google docstring structure.
+_UNDERLINE_RE = re.compile(r'^\s*([-=~^*#+])\1{2,}\s*$')
+_HEADER_RE = re.compile(r'^\s*[A-Z][A-Za-z ]{0,30}:\s*$')
+_NUMPY_PARAM_RE = re.compile(r'^\s*\**[A-Za-z_][\w, *]*\s+:(\s.*)?$')
+_PARAM_RE = re.compile(  # Google `x:` / `x (int):`, Sphinx `:param x:`.
+    r'^(\s*)(?:\**[A-Za-z_]\w*(?: \([^)]*\))?|:[a-z]+(?: [^:`]*)?):\s+(?=\S)')
+_ROLE_RE = re.compile(r':[a-z]+(?::[a-z]+)?:(?=`)')
+_LINK_RE = re.compile(r'`([^`<]*?)\s*<[^>]*>`_+')
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('out', None, 'Output directory (new or empty).',
@@ -58,24 +80,19 @@ flags.DEFINE_integer('vocab_size', 10000, 'Words in the vocabulary '
 flags.DEFINE_string('source_root', None, 'Python sources to read; default '
                     "this interpreter's standard library.", flag_values=FLAGS)
 flags.DEFINE_integer('max_modules', 0, 'Read only the first N modules (0 = '
-                     'all).', flag_values=FLAGS)
+                     'all; with --sources, of each source).',
+                     flag_values=FLAGS)
+flags.DEFINE_string('sources', None, 'Pinned sources to read instead of '
+                    '--source_root, comma-separated: names of '
+                    'lingshard/data/lm_sources.py PINS (stdlib, tensorflow, '
+                    '...) or "large" (all of them).', flag_values=FLAGS)
+
+
+Modules = lm_sources.Modules  # The stdlib walk (test packages skipped).
 
 
 class LmCorpusError(ValueError):
   """A corpus that cannot be built (one line)."""
-
-
-def Modules(root, max_modules=0):
-  """Sorted relative paths of the .py files under root (skips _SKIP_DIRS)."""
-  out = []
-  for dirpath, dirnames, filenames in os.walk(root):
-    dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and
-                         not d.startswith(('test_', '.')))
-    for name in sorted(filenames):
-      if name.endswith('.py') and not name.startswith('test_'):
-        out.append(os.path.relpath(os.path.join(dirpath, name), root))
-  out.sort()
-  return out[:max_modules] if max_modules else out
 
 
 def ProseBlocks(source):
@@ -127,53 +144,121 @@ def Sentences(block):
   return out
 
 
+def StripMarkup(block):
+  """A docstring's prose without its reST / numpydoc / Google structure.
+
+  Section underlines (and the heading above), `Args:`-style headers and
+  numpydoc `name : type` lines become paragraph breaks; a Google `name:`
+  / `name (type):` or Sphinx `:param name:` prefix starts a paragraph;
+  `text <url>`_ links keep their text, :role:`x` becomes x and
+  backquotes are dropped.
+  """
+  out = []
+  for line in block.splitlines():
+    if _UNDERLINE_RE.match(line):
+      out[-1:] = ['', '']
+      continue
+    if _HEADER_RE.match(line) or _NUMPY_PARAM_RE.match(line):
+      out.append('')
+      continue
+    m = _PARAM_RE.match(line)
+    if m:
+      out.append('')
+      line = m.group(1) + line[m.end():]
+    line = _ROLE_RE.sub('', _LINK_RE.sub(r'\1', line))
+    out.append(line.replace('`', ''))
+  return '\n'.join(out)
+
+
 def SplitOf(module):
   """train / dev / test of a module path (sha256: 90 / 5 / 5)."""
   bucket = int(hashlib.sha256(module.encode('utf-8')).hexdigest(), 16) % 100
   return 'train' if bucket < 90 else 'dev' if bucket < 95 else 'test'
 
 
-def Build(root, vocab_size, max_modules=0):
-  """{split: [sentence text]}, vocabulary words, stats."""
+def _Collect(modules, strip_markup=False):
+  """Deduplicated sentences of (module key, file, source) triples, in order.
+
+  Returns:
+    {split: [sentence text]}, {split: modules with a kept sentence},
+    {source: [modules read, sentences, words]}.
+  """
   seen, data = set(), {s: [] for s in SPLITS}
-  modules = {s: 0 for s in SPLITS}
-  for module in Modules(root, max_modules):
+  counts = {s: 0 for s in SPLITS}
+  per_source = collections.defaultdict(lambda: [0, 0, 0])
+  for module, path, source in modules:
     try:
-      with open(os.path.join(root, module), 'rb') as f:
-        source = f.read().decode('utf-8')
+      with open(path, 'rb') as f:
+        text = f.read().decode('utf-8')
     except (OSError, UnicodeDecodeError):
       continue
     split = SplitOf(module)
-    kept = 0
-    for block in ProseBlocks(source):
-      for words in Sentences(block):
+    kept, tally = 0, per_source[source]
+    tally[0] += 1
+    for block in ProseBlocks(text):
+      for words in Sentences(StripMarkup(block) if strip_markup else block):
         line = ' '.join(words)
         if line not in seen:
           seen.add(line)
           data[split].append(line)
           kept += 1
-    modules[split] += bool(kept)
-  if not data['train']:
-    raise LmCorpusError(f'--source_root {root}: no English prose found in '
-                        'its .py files; pass a directory of Python sources')
+          tally[1] += 1
+          tally[2] += len(words)
+    counts[split] += bool(kept)
+  return data, counts, per_source
+
+
+def _Vocabulary(data, vocab_size, modules):
+  """Vocabulary words and the stats shared by both builds."""
   counts = collections.Counter(w for ln in data['train'] for w in ln.split())
   words = [w for w, _ in sorted(counts.items(),
                                 key=lambda kv: (-kv[1], kv[0]))][:vocab_size]
   known = set(words)
   dev_words = [w for ln in data['dev'] for w in ln.split()]
   stats = dict(
-      python=sys.version.split()[0], source_root=root,
+      python=sys.version.split()[0],
       vocab_size=len(SPECIALS) + len(words),
       dev_oov_rate=round(sum(w not in known for w in dev_words) /
                          max(len(dev_words), 1), 4),
       splits={s: dict(sentences=len(data[s]), modules=modules[s],
                       words=sum(len(ln.split()) for ln in data[s]))
               for s in SPLITS})
+  return words, stats
+
+
+def Build(root, vocab_size, max_modules=0):
+  """{split: [sentence text]}, vocabulary words, stats of the .py files
+  under root (module paths relative to root)."""
+  data, modules, _ = _Collect(
+      (m, os.path.join(root, m), '') for m in Modules(root, max_modules))
+  if not data['train']:
+    raise LmCorpusError(f'--source_root {root}: no English prose found in '
+                        'its .py files; pass a directory of Python sources')
+  words, stats = _Vocabulary(data, vocab_size, modules)
+  stats['source_root'] = root
   return data, words, stats
 
 
-def Write(out, data, words, stats):
-  """Writes the corpus beside `out` and renames it into place."""
+def BuildSources(sources, vocab_size, max_modules=0):
+  """Build over verified lm_sources.Sources (module key `<name>/<path>`,
+  docstring markup stripped); stats list each source and its words."""
+  data, modules, per_source = _Collect(
+      ((f'{s.pin.name}/{rel}', path, s.pin.name) for s in sources
+       for rel, path in s.modules[:max_modules or None]), strip_markup=True)
+  if not data['train']:
+    raise LmCorpusError('--sources ' + ','.join(s.pin.name for s in sources) +
+                        ': no English prose found in their .py files')
+  words, stats = _Vocabulary(data, vocab_size, modules)
+  stats['markup'] = 'stripped'
+  stats['sources'] = [
+      dict(zip(('modules', 'sentences', 'words'), per_source[s.pin.name]),
+           **s.pin._asdict()) for s in sources]
+  return data, words, stats
+
+
+def Write(out, data, words, stats, sources=None):
+  """Writes the corpus beside `out` and renames it into place (with
+  ATTRIBUTION.txt and licenses/ of `sources`, lm_sources.Sources, if any)."""
   out = os.path.abspath(out)
   if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
     raise LmCorpusError(f'--out {out} exists and is not empty; pass a new '
@@ -191,6 +276,8 @@ def Write(out, data, words, stats):
   with open(os.path.join(tmp, 'manifest.json'), 'w', encoding='utf-8') as f:
     json.dump(stats, f, indent=1, sort_keys=True)
     f.write('\n')
+  if sources:
+    lm_sources.WriteAttribution(tmp, sources)
   if os.path.isdir(out):
     os.rmdir(out)  # Empty (checked above).
   os.rename(tmp, out)
@@ -201,17 +288,29 @@ def main(argv):
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
   if not FLAGS.out:
     raise app.UsageError('--out is required')
-  root = FLAGS.source_root or sysconfig.get_paths()['stdlib']
+  if FLAGS.sources is not None and FLAGS.source_root:
+    raise app.UsageError('--sources and --source_root exclude each other')
+  start, sources = time.monotonic(), None
   try:
-    data, words, stats = Build(root, FLAGS.vocab_size, FLAGS.max_modules)
-    Write(FLAGS.out, data, words, stats)
-  except LmCorpusError as e:
+    if FLAGS.sources is not None:
+      sources = lm_sources.Resolve(lm_sources.Select(FLAGS.sources))
+      data, words, stats = BuildSources(sources, FLAGS.vocab_size,
+                                        FLAGS.max_modules)
+    else:
+      root = FLAGS.source_root or sysconfig.get_paths()['stdlib']
+      data, words, stats = Build(root, FLAGS.vocab_size, FLAGS.max_modules)
+    Write(FLAGS.out, data, words, stats, sources)
+  except (LmCorpusError, lm_sources.SourceError) as e:
     sys.exit(f'lm_prepare: error: {e}')
+  for s in stats.get('sources', ()):
+    print(f'{s["name"]:18s} {s["version"]:9s} {s["licence"][:28]:28s} '
+          f'{s["modules"]:5,d} modules {s["words"]:9,d} words')
   for split, s in stats['splits'].items():
     print(f'{split:5s} {s["sentences"]:7,d} sentences {s["words"]:9,d} words '
           f'{s["modules"]:5,d} modules')
   print(f'vocab {stats["vocab_size"]:,d} words; dev OOV rate '
-        f'{stats["dev_oov_rate"]:.2%}; wrote {FLAGS.out}')
+        f'{stats["dev_oov_rate"]:.2%}; wrote {FLAGS.out}'
+        + (f' in {time.monotonic() - start:.0f}s' if sources else ''))
 
 
 if __name__ == '__main__':

@@ -19,7 +19,11 @@ excluding embedding and softmax (Table 7, millions):
 
 (tests/models/test_lm1b_params.py checks each within 5%.) Registered:
 `lm1b.TinyMoE` and its FLOP-matched baseline `lm1b.TinyLSTM` on the corpus
-of `python -m lingshard.data.lm_prepare --out data/lm_en`.
+of `python -m lingshard.data.lm_prepare --out data/lm_en`, and the same
+models on the larger corpus (~2.7M train words) of `python -m
+lingshard.data.lm_prepare --sources=large --out data/lm_en_large`:
+`lm1b.TinyMoELarge`, `lm1b.TinyLSTMLarge` (each config's embedding and
+softmax are sized by its own corpus's vocab.txt).
 """
 
 import os
@@ -98,19 +102,22 @@ def Model(name, vocab_size=VOCAB_SIZE, model_dim=MODEL_DIM,
 # The English corpus of lingshard.data.lm_prepare (the 1B Word Benchmark is
 # not available offline); its word vocabulary sizes the embedding/softmax.
 DATA_DIR = 'data/lm_en'
+# lm_prepare --sources=large: the stdlib and 47 pinned venv distributions.
+LARGE_DATA_DIR = 'data/lm_en_large'
 
 
 class LmCorpus(SingleTaskModelParams):
-  """Inputs: the lm_prepare corpus in DATA_DIR."""
+  """Inputs: the lm_prepare corpus in the class's DATA_DIR."""
+  DATA_DIR = DATA_DIR
 
   def Train(self):
-    return lm_inputs.LmInput.ParamsForCorpus(DATA_DIR, 'train')
+    return lm_inputs.LmInput.ParamsForCorpus(self.DATA_DIR, 'train')
 
   def Dev(self):
-    return lm_inputs.LmInput.ParamsForCorpus(DATA_DIR, 'dev')
+    return lm_inputs.LmInput.ParamsForCorpus(self.DATA_DIR, 'dev')
 
   def Test(self):
-    return lm_inputs.LmInput.ParamsForCorpus(DATA_DIR, 'test')
+    return lm_inputs.LmInput.ParamsForCorpus(self.DATA_DIR, 'test')
 
   def _VocabSize(self):
     """The corpus vocabulary's size; 0 (params only) before prepare."""
@@ -204,3 +211,17 @@ class TinyLSTM(LmCorpus):
         model_dim=TINY_DIM, dropout_prob=0.1, num_lstm_before=2,
         num_lstm_after=2)
     return _Train(p, warmup_steps=200, max_steps=20000)
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyMoELarge(TinyMoE):
+  """TinyMoE on the larger corpus in LARGE_DATA_DIR (lm_prepare
+  --sources=large)."""
+  DATA_DIR = LARGE_DATA_DIR
+
+
+@model_registry.RegisterSingleTaskModel
+class TinyLSTMLarge(TinyLSTM):
+  """TinyLSTM on the larger corpus in LARGE_DATA_DIR (lm_prepare
+  --sources=large)."""
+  DATA_DIR = LARGE_DATA_DIR

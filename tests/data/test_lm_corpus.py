@@ -1,12 +1,17 @@
 """lm_prepare (English prose of Python sources) and LmInput batches."""
 
+import hashlib
+import json
 import os
+import platform
+
 import numpy as np
 import pytest
 
 from lingshard import base_input
 from lingshard.data import lm_inputs
 from lingshard.data import lm_prepare
+from lingshard.data import lm_sources
 
 _MODULE = '''"""The frobnicator module. It frobnicates widgets quickly.
 
@@ -106,3 +111,207 @@ def test_missing_corpus_and_vocabulary_are_one_line(tmp_path):
       r'^--source_root .*: no English prose found in its .py files; pass a '
       r'directory of Python sources$')):
     lm_prepare.Build(str(tmp_path), vocab_size=10)
+
+
+# ------------------------------------------------ --sources (lm_sources pins)
+_NUMPYDOC = '''"""Scale the widgets of a `Frame`.
+
+Parameters
+----------
+factor : float, optional
+    The factor to scale by. It must be a :class:`float` value.
+
+Returns
+-------
+out : Frame
+    The scaled frame, see `the guide <https://example.org>`_.
+"""
+
+def scale(factor):
+  """Scale every widget.
+
+  Args:
+    factor: The factor to scale by; larger values grow them.
+
+  :raises ValueError: If the factor is not a positive number.
+  """
+'''
+# Read for the fingerprint only (skipped) or not read at all: never prose.
+_SKIPPED = {
+    'tests/test_a.py': '"""Skipped test module prose here."""',
+    'core_test.py': '"""Skipped test module prose here."""',
+    '_vendor/six.py': '"""Skipped vendored module prose here."""',
+    'api_pb2.py': '"""Skipped generated protobuf prose here."""',
+    'gen/__init__.py': ('# This file is MACHINE GENERATED! Do not edit.\n'
+                        '"""Skipped generated public API prose here."""'),
+}
+
+
+def _Dist(site, name, version, licence_header, n=8):
+  """A fake installed distribution: package `name`, dist-info, RECORD."""
+  files = {f'{name}/mod{i}.py': _MODULE.replace(
+      'widgets', f'widgets number {i} of {name.replace("_", " ")}')
+           for i in range(n)}
+  files[f'{name}/scale.py'] = _NUMPYDOC
+  files.update({f'{name}/{k}': v for k, v in _SKIPPED.items()})
+  info = f'{name}-{version}.dist-info'
+  files[f'{info}/METADATA'] = (f'Metadata-Version: 2.4\nName: {name}\n'
+                               f'Version: {version}\n{licence_header}\n')
+  files[f'{info}/licenses/LICENSE'] = f'The licence of {name}.\n'
+  for rel, text in files.items():
+    (site / rel).parent.mkdir(parents=True, exist_ok=True)
+    (site / rel).write_text(text)
+  records = sorted(files) + [f'{info}/RECORD', f'../../bin/{name}']
+  (site / info / 'RECORD').write_text(''.join(f'{r},,\n' for r in records))
+
+
+def _Tree(tmp_path):
+  """A fake site-packages (two distributions) and stdlib, and their pins."""
+  site, stdlib = tmp_path / 'site', tmp_path / 'stdlib'
+  _Dist(site, 'fakepkg', '1.0', 'License-Expression: MIT')
+  _Dist(site, 'other_pkg', '2.5', 'Classifier: License :: OSI Approved :: '
+        'BSD License')
+  for i in range(3):
+    (stdlib / 'lib').mkdir(parents=True, exist_ok=True)
+    (stdlib / 'lib' / f'mod{i}.py').write_text(
+        _MODULE.replace('widgets', f'widgets number {i} of the stdlib'))
+  (stdlib / 'test').mkdir()
+  (stdlib / 'test' / 'mod.py').write_text('"""Skipped test module prose."""')
+  (stdlib / 'LICENSE.txt').write_text('The PSF licence.\n')
+  where = dict(site_packages=[str(site)], stdlib_root=str(stdlib))
+  pins = lm_sources.CurrentPins(['stdlib', 'fakepkg', 'other-pkg'], **where)
+  return site, pins, where
+
+
+def _Files(out):
+  return {str(p.relative_to(out)): p.read_bytes()
+          for p in sorted(out.rglob('*')) if p.is_file()}
+
+
+def test_sources_byte_identical_rerun_attribution_and_skips(tmp_path):
+  _, pins, where = _Tree(tmp_path)
+  assert [p[:3] for p in pins] == [
+      ('stdlib', platform.python_version(), 'PSF-2.0'),
+      ('fakepkg', '1.0', 'MIT'), ('other-pkg', '2.5', 'BSD')]
+  outs = [tmp_path / 'a', tmp_path / 'b']
+  for out in outs:  # Two whole builds, from the pins on.
+    sources = lm_sources.Resolve(lm_sources.Select('large', pins), **where)
+    data, words, stats = lm_prepare.BuildSources(sources, vocab_size=40)
+    lm_prepare.Write(str(out), data, words, stats, sources)
+  a, b = (_Files(out) for out in outs)
+  assert a == b
+  assert sorted(a) == [
+      'ATTRIBUTION.txt', 'dev.txt', 'licenses/fakepkg-LICENSE',
+      'licenses/other-pkg-LICENSE', 'licenses/stdlib-LICENSE.txt',
+      'manifest.json', 'test.txt', 'train.txt', 'vocab.txt']
+  assert a['ATTRIBUTION.txt'].decode().splitlines()[3:] == [
+      f'- stdlib (Python {pins[0].version}), licence: PSF-2.0, sources '
+      f'sha256: {pins[0].sha256}', '    licenses/stdlib-LICENSE.txt',
+      f'- fakepkg 1.0, licence: MIT, sources sha256: {pins[1].sha256}',
+      '    licenses/fakepkg-LICENSE',
+      f'- other-pkg 2.5, licence: BSD, sources sha256: {pins[2].sha256}',
+      '    licenses/other-pkg-LICENSE']
+  manifest = json.loads(a['manifest.json'])
+  assert [(s['name'], s['version'], s['licence'], s['sha256'], s['modules'])
+          for s in manifest['sources']] == [
+              (p.name, p.version, p.licence, p.sha256, n)
+              for p, n in zip(pins, (3, 9, 9))]
+  assert sum(s['words'] for s in manifest['sources']) == sum(
+      manifest['splits'][s]['words'] for s in lm_prepare.SPLITS)
+  lines = [ln for s in lm_prepare.SPLITS for ln in data[s]]
+  assert not any('skipped' in ln or '`' in ln for ln in lines)
+  # Docstring markup stripped: numpydoc / Google parameter descriptions.
+  for sentence in ('scale the widgets of a frame .',
+                   'the factor to scale by .', 'it must be a float value .',
+                   'the scaled frame , see the guide .',
+                   'the factor to scale by ; larger values grow them .',
+                   'if the factor is not a positive number .'):
+    assert sentence in lines
+
+
+def test_sources_split_by_package_and_module(tmp_path):
+  _, pins, where = _Tree(tmp_path)
+  sources = lm_sources.Resolve(pins, **where)
+  data, _, _ = lm_prepare.BuildSources(sources, vocab_size=40)
+  splits = {}
+  for name, top, n in (('stdlib', 'lib', 3), ('fakepkg', 'fakepkg', 8),
+                       ('other-pkg', 'other_pkg', 8)):
+    owner = 'the stdlib' if name == 'stdlib' else top.replace('_', ' ')
+    for i in range(n):
+      rel = f'{top}/mod{i}.py'
+      own = f'it frobnicates widgets number {i} of {owner} quickly .'
+      splits[name, rel] = lm_prepare.SplitOf(f'{name}/{rel}')
+      assert [s for s in lm_prepare.SPLITS if own in data[s]] == [
+          splits[name, rel]]
+  # The key is `<name>/<path>`, not the path alone: with these 19 modules,
+  # some land in another split than their bare path would.
+  assert any(s != lm_prepare.SplitOf(rel) for (_, rel), s in splits.items())
+
+
+def test_sources_fingerprint_is_the_documented_digest(tmp_path):
+  site, pins, _ = _Tree(tmp_path)
+  lines = ''.join(
+      f'{rel}\t{hashlib.sha256((site / rel).read_bytes()).hexdigest()}\n'
+      for rel in sorted(['fakepkg/gen/__init__.py', 'fakepkg/scale.py'] +
+                        [f'fakepkg/mod{i}.py' for i in range(8)]))
+  assert pins[1].sha256 == hashlib.sha256(lines.encode()).hexdigest()
+
+
+def test_sources_errors_are_one_line(tmp_path):
+  site, pins, where = _Tree(tmp_path)
+  stdlib, fake, other = pins
+  hint = ('or re-pin (python -m lingshard.data.lm_sources) in '
+          'lingshard/data/lm_sources.py')
+  cases = [
+      (fake._replace(name='nopkg'),
+       f'pinned source nopkg==1.0 is not installed in {site}; install it or '
+       'leave it out of --sources'),
+      (fake._replace(version='1.1'),
+       f'pinned source fakepkg==1.1 is not installed (found 1.0 in {site}); '
+       f'install fakepkg==1.1, {hint}'),
+      (stdlib._replace(version='2.7.18'),
+       'pinned source stdlib==2.7.18 is not installed (found '
+       f'{stdlib.version} in {where["stdlib_root"]}); run Python 2.7.18, '
+       f'{hint}'),
+      (other._replace(licence='MIT'),
+       "pinned source other-pkg==2.5: its licence changed (metadata 'BSD' != "
+       f"pinned 'MIT'); check it, {hint}"),
+      (other._replace(licence='GPL-3.0'),
+       "pinned source other-pkg==2.5: licence 'GPL-3.0' is not one of the "
+       'permissive licences ' + ', '.join(sorted(lm_sources.PERMISSIVE))),
+  ]
+  (site / 'fakepkg' / 'mod3.py').write_text('"""Changed."""')
+  got = lm_sources.Fingerprint(
+      [(rel, str(site / rel)) for rel in sorted(
+          ['fakepkg/gen/__init__.py', 'fakepkg/scale.py'] +
+          [f'fakepkg/mod{i}.py' for i in range(8)])])
+  cases.append((fake, 'pinned source fakepkg==1.0: its sources changed '
+                f'(fingerprint {got[:12]}… != pinned {fake.sha256[:12]}…); '
+                f'reinstall it, {hint}'))
+  for pin, message in cases:
+    with pytest.raises(lm_sources.SourceError) as e:
+      lm_sources.Resolve([pin], **where)
+    assert str(e.value) == message
+  with pytest.raises(lm_sources.SourceError) as e:
+    lm_sources.Select('fakepkg, Other_Pkg,nope', pins)
+  assert str(e.value) == ("--sources: unknown source 'nope'; choose from "
+                          'large, stdlib, fakepkg, other-pkg')
+  assert lm_sources.Select('Other_Pkg,stdlib', pins) == (stdlib, other)
+
+
+def test_sources_cli_exits_with_one_line(tmp_path, monkeypatch):
+  site, pins, _ = _Tree(tmp_path)
+  monkeypatch.setattr(lm_sources, 'PINS', (pins[1]._replace(version='1.1'),))
+  monkeypatch.setattr(lm_sources, 'DefaultSitePackages', lambda: [str(site)])
+  out = tmp_path / 'out'
+  try:
+    lm_prepare.FLAGS(['lm_prepare', '--sources=large', f'--out={out}'])
+    with pytest.raises(SystemExit) as e:
+      lm_prepare.main(['lm_prepare'])
+  finally:
+    lm_prepare.FLAGS.unparse_flags()
+  assert e.value.code == (
+      'lm_prepare: error: pinned source fakepkg==1.1 is not installed (found '
+      f'1.0 in {site}); install fakepkg==1.1, or re-pin (python -m '
+      'lingshard.data.lm_sources) in lingshard/data/lm_sources.py')
+  assert not out.exists()

@@ -2,6 +2,7 @@
 
 import pytest
 
+from lingshard import model_registry
 from lingshard.params import lm1b
 from lingshard.tools import count_params
 
@@ -21,3 +22,21 @@ def test_unknown_model_is_one_line():
   with pytest.raises(ValueError, match=r"^unknown App. C model 'MoE-8'; one "
                      r'of 4xLSTM-512, '):
     lm1b.Model('MoE-8')
+
+
+@pytest.mark.parametrize('key,data_dir', [
+    ('lm1b.TinyMoE', lm1b.DATA_DIR), ('lm1b.TinyLSTM', lm1b.DATA_DIR),
+    ('lm1b.TinyMoELarge', lm1b.LARGE_DATA_DIR),
+    ('lm1b.TinyLSTMLarge', lm1b.LARGE_DATA_DIR)])
+def test_tiny_configs_read_their_corpus_and_size_its_vocab(
+    key, data_dir, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  for dataset in model_registry.DATASETS:
+    p = model_registry.GetParams(key, dataset).input
+    assert (p.file_pattern, p.vocab) == (
+        f'{data_dir}/{dataset.lower()}.txt', f'{data_dir}/vocab.txt')
+  assert model_registry.GetParams(key).task.vocab_size == 10004  # Unbuilt.
+  (tmp_path / data_dir).mkdir(parents=True)
+  (tmp_path / data_dir / 'vocab.txt').write_text(
+      '\n'.join(['<pad>', '<s>', '</s>', '<unk>'] + ['w'] * 96) + '\n')
+  assert model_registry.GetParams(key).task.vocab_size == 100
