@@ -12,18 +12,23 @@ is in two splits) and writes a word vocabulary of the most frequent train
 words. Same interpreter, same bytes: a re-run writes identical files.
 
 --sources (the larger corpus): reads pinned sources instead, comma-
-separated names of lingshard/data/lm_sources.py PINS or the set `large`
-(all: the stdlib and 47 permissively licensed distributions of the venv,
-e.g. tensorflow, jax, scipy, numpy, matplotlib). Each is checked against
-its pin (exact version, licence, sha256 fingerprint of the files read)
-before anything is read; a missing or changed source is a one-line error.
-Sources are read in PINS order, modules in path order within each; the
-module path hashed for the split is `<name>/<path>` (e.g.
-`tensorflow/tensorflow/python/ops/math_ops.py`); docstring markup is
-stripped first (StripMarkup: reST sections, numpydoc / Google parameter
-lists, backquotes), since package docstrings are mostly structured; the
-output adds ATTRIBUTION.txt and licenses/ (each source's licence files),
-and the manifest lists the sources (pin, modules, sentences, words).
+separated names of lingshard/data/lm_sources.py PINS, of the wheels of
+lingshard/data/lm_wheel_sources.py, or the set `large` (all: the stdlib,
+47 permissively licensed distributions of the venv, e.g. tensorflow, jax,
+scipy, numpy, matplotlib, and 12 sha256-pinned PyPI wheels of the MT
+corpus, e.g. django, wagtail, sphinx, read from the wheel file; missing
+ones are downloaded into --wheel_cache as by prepare, unless --offline).
+Each is checked against its pin (exact version, licence, sha256
+fingerprint of the files read, or of the wheel) before anything is read;
+a missing or changed source is a one-line error. Sources are read in pin
+order (installed ones, then wheels), modules in path order within each;
+the module path hashed for the split is `<name>/<path>` (e.g.
+`tensorflow/tensorflow/python/ops/math_ops.py`,
+`django/django/db/models/query.py`); docstring markup is stripped first
+(StripMarkup: reST sections, numpydoc / Google parameter lists,
+backquotes), since package docstrings are mostly structured; the output
+adds ATTRIBUTION.txt and licenses/ (each source's licence files), and the
+manifest lists the sources (pin, modules, sentences, words).
 
 Sentences: paragraphs (blank-line separated; doctest `>>>`/`...` lines
 dropped) split after `.`, `!` or `?` followed by a capital letter; words
@@ -54,7 +59,10 @@ import tokenize
 from absl import app
 from absl import flags
 
+from lingshard.data import corpus_io
 from lingshard.data import lm_sources
+from lingshard.data import lm_wheel_sources
+from lingshard.data import wheels
 from lingshard.tools import cli
 
 SPECIALS = ('<pad>', '<s>', '</s>', '<unk>')
@@ -85,7 +93,14 @@ flags.DEFINE_integer('max_modules', 0, 'Read only the first N modules (0 = '
 flags.DEFINE_string('sources', None, 'Pinned sources to read instead of '
                     '--source_root, comma-separated: names of '
                     'lingshard/data/lm_sources.py PINS (stdlib, tensorflow, '
+                    '...), of lingshard/data/lm_wheel_sources.py (django, '
                     '...) or "large" (all of them).', flag_values=FLAGS)
+flags.DEFINE_string('wheel_cache', None, 'With --sources: where the pinned '
+                    'wheels are cached (default $LINGSHARD_WHEEL_CACHE or '
+                    '~/.cache/lingshard/wheels, as for prepare).',
+                    flag_values=FLAGS)
+flags.DEFINE_bool('offline', False, 'With --sources: fail instead of '
+                  'downloading missing wheels.', flag_values=FLAGS)
 
 
 Modules = lm_sources.Modules  # The stdlib walk (test packages skipped).
@@ -177,7 +192,8 @@ def SplitOf(module):
 
 
 def _Collect(modules, strip_markup=False):
-  """Deduplicated sentences of (module key, file, source) triples, in order.
+  """Deduplicated sentences of (module key, bytes or None if unreadable,
+  source) triples, in order.
 
   Returns:
     {split: [sentence text]}, {split: modules with a kept sentence},
@@ -186,11 +202,12 @@ def _Collect(modules, strip_markup=False):
   seen, data = set(), {s: [] for s in SPLITS}
   counts = {s: 0 for s in SPLITS}
   per_source = collections.defaultdict(lambda: [0, 0, 0])
-  for module, path, source in modules:
+  for module, raw, source in modules:
     try:
-      with open(path, 'rb') as f:
-        text = f.read().decode('utf-8')
-    except (OSError, UnicodeDecodeError):
+      text = raw.decode('utf-8') if raw is not None else None
+    except UnicodeDecodeError:
+      text = None
+    if text is None:
       continue
     split = SplitOf(module)
     kept, tally = 0, per_source[source]
@@ -226,11 +243,26 @@ def _Vocabulary(data, vocab_size, modules):
   return words, stats
 
 
+def _Read(archive, file):
+  try:
+    return lm_sources.ReadFile(archive, file)
+  except OSError:
+    return None
+
+
+def _SourceModules(sources, max_modules):
+  """(`<name>/<path>`, bytes, name) of the sources' modules, in order."""
+  for s in sources:
+    with lm_sources.Opened(s) as archive:
+      for rel, file in s.modules[:max_modules or None]:
+        yield f'{s.pin.name}/{rel}', _Read(archive, file), s.pin.name
+
+
 def Build(root, vocab_size, max_modules=0):
   """{split: [sentence text]}, vocabulary words, stats of the .py files
   under root (module paths relative to root)."""
-  data, modules, _ = _Collect(
-      (m, os.path.join(root, m), '') for m in Modules(root, max_modules))
+  data, modules, _ = _Collect((m, _Read(None, os.path.join(root, m)), '')
+                              for m in Modules(root, max_modules))
   if not data['train']:
     raise LmCorpusError(f'--source_root {root}: no English prose found in '
                         'its .py files; pass a directory of Python sources')
@@ -242,9 +274,8 @@ def Build(root, vocab_size, max_modules=0):
 def BuildSources(sources, vocab_size, max_modules=0):
   """Build over verified lm_sources.Sources (module key `<name>/<path>`,
   docstring markup stripped); stats list each source and its words."""
-  data, modules, per_source = _Collect(
-      ((f'{s.pin.name}/{rel}', path, s.pin.name) for s in sources
-       for rel, path in s.modules[:max_modules or None]), strip_markup=True)
+  data, modules, per_source = _Collect(_SourceModules(sources, max_modules),
+                                       strip_markup=True)
   if not data['train']:
     raise LmCorpusError('--sources ' + ','.join(s.pin.name for s in sources) +
                         ': no English prose found in their .py files')
@@ -254,6 +285,42 @@ def BuildSources(sources, vocab_size, max_modules=0):
       dict(zip(('modules', 'sentences', 'words'), per_source[s.pin.name]),
            **s.pin._asdict()) for s in sources]
   return data, words, stats
+
+
+def Describe(source):
+  """`name version` (the stdlib as `stdlib (Python 3.11.7)`, a wheel's with
+  its file name)."""
+  pin = source.pin
+  if pin.name == lm_sources.STDLIB:
+    return f'{pin.name} (Python {pin.version})'
+  return f'{pin.name} {pin.version}' + (
+      f' ({os.path.basename(source.archive)})' if source.archive else '')
+
+
+def WriteAttribution(out_dir, sources):
+  """ATTRIBUTION.txt and licenses/<source>-<file> of the sources read."""
+  lic_dir = os.path.join(out_dir, 'licenses')
+  os.makedirs(lic_dir, exist_ok=True)
+  lines = ['English sentences extracted from the docstrings and comments of '
+           'the Python', 'sources of these packages (installed, or pinned '
+           'wheels), read, never imported or run:', '']
+  for source in sources:
+    pin = source.pin
+    kind = 'wheel' if source.archive else 'sources'
+    lines.append(f'- {Describe(source)}, licence: {pin.licence}, {kind} '
+                 f'sha256: {pin.sha256}')
+    with lm_sources.Opened(source) as archive:
+      for name, file in source.licence_files:
+        filename = f'{pin.name}-{name}'
+        with open(os.path.join(lic_dir, filename), 'wb') as f:
+          f.write(lm_sources.ReadFile(archive, file))
+        lines.append(f'    licenses/{filename}')
+    if not source.licence_files:
+      lines.append('    (no licence file in the ' + (
+          'wheel)' if source.archive else 'installed distribution)'))
+  with open(os.path.join(out_dir, 'ATTRIBUTION.txt'), 'w', encoding='utf-8',
+            newline='\n') as f:
+    f.write('\n'.join(lines) + '\n')
 
 
 def Write(out, data, words, stats, sources=None):
@@ -277,7 +344,7 @@ def Write(out, data, words, stats, sources=None):
     json.dump(stats, f, indent=1, sort_keys=True)
     f.write('\n')
   if sources:
-    lm_sources.WriteAttribution(tmp, sources)
+    WriteAttribution(tmp, sources)
   if os.path.isdir(out):
     os.rmdir(out)  # Empty (checked above).
   os.rename(tmp, out)
@@ -293,17 +360,21 @@ def main(argv):
   start, sources = time.monotonic(), None
   try:
     if FLAGS.sources is not None:
-      sources = lm_sources.Resolve(lm_sources.Select(FLAGS.sources))
+      sources = lm_wheel_sources.Resolve(
+          lm_wheel_sources.Select(FLAGS.sources),
+          FLAGS.wheel_cache or wheels.DefaultCacheDir(),
+          allow_download=not FLAGS.offline)
       data, words, stats = BuildSources(sources, FLAGS.vocab_size,
                                         FLAGS.max_modules)
     else:
       root = FLAGS.source_root or sysconfig.get_paths()['stdlib']
       data, words, stats = Build(root, FLAGS.vocab_size, FLAGS.max_modules)
     Write(FLAGS.out, data, words, stats, sources)
-  except (LmCorpusError, lm_sources.SourceError) as e:
+  except (LmCorpusError, lm_sources.SourceError, wheels.WheelError,
+          corpus_io.CorpusError) as e:
     sys.exit(f'lm_prepare: error: {e}')
   for s in stats.get('sources', ()):
-    print(f'{s["name"]:18s} {s["version"]:9s} {s["licence"][:28]:28s} '
+    print(f'{s["name"]:20s} {s["version"]:9s} {s["licence"][:28]:28s} '
           f'{s["modules"]:5,d} modules {s["words"]:9,d} words')
   for split, s in stats['splits'].items():
     print(f'{split:5s} {s["sentences"]:7,d} sentences {s["words"]:9,d} words '

@@ -6,17 +6,21 @@
 A source is this interpreter's standard library (`stdlib`) or one installed
 distribution of the project's venv (site-packages), pinned in PINS by name,
 exact version, licence and a sha256 fingerprint of exactly the .py files
-the builder reads. `--sources` takes pin names (PEP 503 spelling, e.g.
-`absl-py`) and set names (`large`: every pin), comma-separated; the
-sources are always read in PINS order, so the same set gives the same bytes
-whatever order it is written in.
+the builder reads; or a pinned PyPI wheel, read from the wheel file
+(lm_wheel_sources). `--sources` takes pin names (PEP 503 spelling, e.g.
+`absl-py`) and set names (`large`: every pin, the wheels too), comma-
+separated; the sources are always read in pin order (PINS, then the
+wheels), so the same set gives the same bytes whatever order it is written
+in.
 
 Files read: the stdlib as the default corpus walks it (`Modules`); a
-distribution's .py files listed in its dist-info RECORD, with the same
-skips (test packages, test_*.py) plus vendored trees (`_vendor`, `vendor`,
-`extern`, ...), `*_test.py`, conftest.py and protobuf `*_pb2.py`. Generated
-API re-export `__init__.py` files (a "MACHINE GENERATED" / "DO NOT EDIT"
-header) are read for the fingerprint but give no prose.
+distribution's .py files listed in its dist-info RECORD (a wheel's zip
+members), with the same skips (test packages, test_*.py) plus vendored
+trees (`_vendor`, `vendor`, `extern`, ...), `*_test.py`, conftest.py,
+protobuf `*_pb2.py`, generated schema migrations (`migrations/0001_*.py`,
+Alembic's `migrations/versions/`) and locale data (`locale/<lang>/*.py`).
+Generated API re-export `__init__.py` files (a "MACHINE GENERATED" / "DO
+NOT EDIT" header) are read for the fingerprint but give no prose.
 
 Fingerprint: sha256 of the lines `<relative path>\\t<file sha256>\\n` of the
 files read, sorted by path (paths relative to site-packages, or to the
@@ -28,6 +32,7 @@ SourceError naming it.
 """
 
 import collections
+import contextlib
 import hashlib
 import importlib.metadata
 import os
@@ -35,14 +40,18 @@ import platform
 import re
 import sys
 import sysconfig
+import zipfile
 
 SourcePin = collections.namedtuple('SourcePin',
                                    ['name', 'version', 'licence', 'sha256'])
 SourcePin.__doc__ = ('A pinned source: name, exact version, licence, sha256 '
                      'fingerprint of the files read.')
-Source = collections.namedtuple('Source', ['pin', 'modules', 'licence_files'])
+Source = collections.namedtuple(
+    'Source', ['pin', 'modules', 'licence_files', 'archive'], defaults=[None])
 Source.__doc__ = ('A verified source: its pin, ((relative path, file), ...) '
-                  'to read, ((name, file), ...) of its licence texts.')
+                  'to read, ((name, file), ...) of its licence texts and the '
+                  'zip file they are members of (None: files on disk); see '
+                  'ReadFile.')
 
 STDLIB = 'stdlib'
 STDLIB_LICENCE = 'PSF-2.0'
@@ -52,8 +61,10 @@ STDLIB_LICENCE = 'PSF-2.0'
 # installed, permissively licensed dependencies with >= 1,000 words of
 # prose, and pip (the venv's own installer). Left out: regex (Apache-2.0
 # AND CNRI-Python), namex (no licence metadata), ruff (no Python sources),
-# tzdata, six, gast, ... (< 1,000 words each). `large` = all of them:
-# 2,729,211 train words (of 2,986,670), the venv's whole permissive prose.
+# tzdata, six, gast, ... (< 1,000 words each). All of them give 2,729,211
+# train words (of 2,986,670), the venv's whole permissive prose; `large`
+# adds the 12 wheels of lm_wheel_sources (after these): 3,238,733 (of
+# 3,548,838).
 PINS = (
     SourcePin('stdlib', '3.11.7', 'PSF-2.0',
         '81c1c48a12b3ddab9c02386f11ffd301601facbdf55affb02959aed148351d9a'),
@@ -229,6 +240,15 @@ def IsPackageModule(path):
   if any(d in _SKIP_DIRS or d in _VENDOR_DIRS or d == '..' or
          d.startswith(('test_', '.')) for d in dirs):
     return False
+  # Generated schema migrations (Django's migrations/0001_*.py, Alembic's
+  # migrations/versions/) and per-language locale data (django/conf/locale/
+  # fr/formats.py), not the migration or locale code beside them.
+  if 'locale' in dirs[:-1]:
+    return False
+  if 'migrations' in dirs:
+    below = dirs[dirs.index('migrations') + 1:]
+    if 'versions' in below or not below and name[:1].isdigit():
+      return False
   return (name.endswith('.py') and not name.startswith('test_') and
           not name.endswith(('_test.py', '_pb2.py', '_pb2_grpc.py')) and
           name != 'conftest.py')
@@ -245,15 +265,18 @@ def _Sha256(path):
   return digest.hexdigest()
 
 
-def _IsGenerated(path):
-  """A generated `__init__.py` (its header says so): re-exports, no prose."""
+def IsGenerated(path, head=None):
+  """Whether a module is a generated `__init__.py` (its header, `head` or
+  the file's first 1000 bytes, says so): re-exports, no prose."""
   if os.path.basename(path) != '__init__.py':
     return False
   try:
-    with open(path, 'rb') as f:
-      return bool(_GENERATED_RE.search(f.read(1000)))
+    if head is None:
+      with open(path, 'rb') as f:
+        head = f.read(1000)
   except OSError:
     return False
+  return bool(_GENERATED_RE.search(head[:1000]))
 
 
 def Fingerprint(files):
@@ -374,7 +397,7 @@ def _PackageSource(pin, roots):
   licences = [(n, str(dist.locate_file(rel)))
               for n, rel in _LicenceFiles(records)]
   return Source(pin, tuple((rel, path) for rel, path in files
-                           if not _IsGenerated(path)), tuple(licences))
+                           if not IsGenerated(path)), tuple(licences))
 
 
 def DefaultSitePackages():
@@ -399,36 +422,23 @@ def Resolve(pins, site_packages=None, stdlib_root=None):
                _PackageSource(p, roots) for p in pins)
 
 
-def Describe(source):
-  """`name version` (the stdlib as `stdlib (Python 3.11.7)`)."""
-  pin = source.pin
-  return (f'{pin.name} (Python {pin.version})' if pin.name == STDLIB else
-          f'{pin.name} {pin.version}')
+@contextlib.contextmanager
+def Opened(source):
+  """The source's archive, open for ReadFile (None: files on disk)."""
+  with (zipfile.ZipFile(source.archive) if source.archive else
+        contextlib.nullcontext()) as archive:
+    yield archive
 
 
-def WriteAttribution(out_dir, sources):
-  """ATTRIBUTION.txt and licenses/<source>-<file> of the sources read."""
-  lic_dir = os.path.join(out_dir, 'licenses')
-  os.makedirs(lic_dir, exist_ok=True)
-  lines = ['English sentences extracted from the docstrings and comments of '
-           'the Python', 'sources of these packages, as installed (read, '
-           'never imported or run):', '']
-  for source in sources:
-    pin = source.pin
-    lines.append(f'- {Describe(source)}, licence: {pin.licence}, sources '
-                 f'sha256: {pin.sha256}')
-    for name, path in source.licence_files:
-      filename = f'{pin.name}-{name}'
-      with open(path, 'rb') as f:
-        data = f.read()
-      with open(os.path.join(lic_dir, filename), 'wb') as f:
-        f.write(data)
-      lines.append(f'    licenses/{filename}')
-    if not source.licence_files:
-      lines.append('    (no licence file in the installed distribution)')
-  with open(os.path.join(out_dir, 'ATTRIBUTION.txt'), 'w', encoding='utf-8',
-            newline='\n') as f:
-    f.write('\n'.join(lines) + '\n')
+def ReadFile(archive, file):
+  """A source file's bytes: a path, a member of the (Opened) archive, read
+  in memory, never extracted, or the bytes themselves."""
+  if isinstance(file, bytes):
+    return file
+  if archive is not None:
+    return archive.read(file)
+  with open(file, 'rb') as f:
+    return f.read()
 
 
 def CurrentPins(names, site_packages=None, stdlib_root=None):

@@ -12,6 +12,10 @@ from lingshard import base_input
 from lingshard.data import lm_inputs
 from lingshard.data import lm_prepare
 from lingshard.data import lm_sources
+from lingshard.data import lm_wheel_sources
+from lingshard.data import wheels
+
+from .test_prepare_large import _Wheel
 
 _MODULE = '''"""The frobnicator module. It frobnicates widgets quickly.
 
@@ -315,3 +319,164 @@ def test_sources_cli_exits_with_one_line(tmp_path, monkeypatch):
       f'1.0 in {site}); install fakepkg==1.1, or re-pin (python -m '
       'lingshard.data.lm_sources) in lingshard/data/lm_sources.py')
   assert not out.exists()
+
+
+# ------------------------------------- --sources: pinned wheels (lm_wheel_sources)
+_WHEEL = 'polyprose-1.0-py3-none-any.whl'
+
+
+def _WheelMembers(licence='License-Expression: MIT'):
+  """A toy wheel's members: prose modules, skipped ones, dist-info."""
+  files = {f'polyprose/mod{i}.py': _MODULE.replace(
+      'widgets', f'widgets number {i} of polyprose') for i in range(8)}
+  files.update({f'polyprose/{k}': v for k, v in _SKIPPED.items()})
+  files.update({
+      # Migration and locale code is read; generated migrations and
+      # per-language locale data are not.
+      'polyprose/db/migrations/executor.py':
+          '"""Apply the migrations of polyprose in dependency order."""',
+      'polyprose/locale/__init__.py':
+          '# Metadata about the languages polyprose can translate to.',
+      'polyprose/app/migrations/0001_initial.py':
+          '# Skipped generated migration prose here.',
+      'polyprose/migrations/versions/20200101_add_table.py':
+          '"""Skipped generated alembic revision prose here."""',
+      'polyprose/locale/fr/formats.py': '# Skipped locale data prose here.',
+      'polyprose/templates/page.html': 'Skipped template prose here.',
+      'polyprose-1.0.dist-info/METADATA':
+          f'Metadata-Version: 2.4\nName: polyprose\nVersion: 1.0\n{licence}\n',
+      'polyprose-1.0.dist-info/licenses/LICENSE': 'The polyprose licence.\n',
+  })
+  return {k: v.encode() for k, v in files.items()}
+
+
+def _WheelSetup(tmp_path, monkeypatch, **pin):
+  """Fake installed sources (fakepkg, other-pkg) as lm_sources.PINS and the
+  toy wheel, cached, as $LINGSHARD_WHEEL_PINS; returns (cache, wheel pin)."""
+  site, pins, _ = _Tree(tmp_path)
+  monkeypatch.setattr(lm_sources, 'PINS', pins[1:])
+  monkeypatch.setattr(lm_sources, 'DefaultSitePackages', lambda: [str(site)])
+  cache = tmp_path / 'cache'
+  cache.mkdir()
+  wheel = _Wheel(cache / _WHEEL, _WheelMembers())
+  pin = dict(dict(name='polyprose', version='1.0', filename=_WHEEL,
+                  sha256=wheels.Sha256(wheel), licence='MIT'), **pin)
+  (tmp_path / 'pins.json').write_text(json.dumps([pin]))
+  monkeypatch.setenv(wheels.PINS_ENV, str(tmp_path / 'pins.json'))
+  return cache, wheels.WheelPin(**pin)
+
+
+def _Cli(cache, out, *extra):
+  """lm_prepare --sources=large --offline; its exit message (None: ok)."""
+  try:
+    lm_prepare.FLAGS(['lm_prepare', '--sources=large', '--offline',
+                      f'--wheel_cache={cache}', f'--out={out}',
+                      '--vocab_size=40', *extra])
+    lm_prepare.main(['lm_prepare'])
+  except SystemExit as e:
+    return e.code
+  finally:
+    lm_prepare.FLAGS.unparse_flags()
+  return None
+
+
+def test_wheel_source_prose_skips_attribution_and_rerun(tmp_path, monkeypatch):
+  cache, pin = _WheelSetup(tmp_path, monkeypatch)
+  outs = [tmp_path / 'a', tmp_path / 'b']
+  for out in outs:  # Two whole builds, from the pins on.
+    assert _Cli(cache, out) is None
+  a, b = (_Files(out) for out in outs)
+  assert a == b
+  assert 'licenses/polyprose-LICENSE' in a
+  assert a['ATTRIBUTION.txt'].decode().splitlines()[-2:] == [
+      f'- polyprose 1.0 ({_WHEEL}), licence: MIT, wheel sha256: '
+      f'{pin.sha256}', '    licenses/polyprose-LICENSE']
+  manifest = json.loads(a['manifest.json'])
+  assert [s['name'] for s in manifest['sources']] == [
+      'fakepkg', 'other-pkg', 'polyprose']  # Pin order: installed, wheels.
+  # Its own sentences only (the shared ones are fakepkg's): one (9 words)
+  # of each mod*.py, executor.py and locale/__init__.py.
+  assert manifest['sources'][-1] == dict(pin._asdict(), modules=10,
+                                         sentences=10, words=90)
+  lines = [ln for s in lm_prepare.SPLITS
+           for ln in a[f'{s}.txt'].decode().splitlines()]
+  assert not any('skipped' in ln for ln in lines)
+  assert lines.count('the frobnicator module .') == 1  # Deduplicated.
+  for sentence in ('apply the migrations of polyprose in dependency order .',
+                   'metadata about the languages polyprose can translate to .'):
+    assert sentence in lines
+  for i in range(8):  # Split by `<source name>/<member path>`.
+    own = f'it frobnicates widgets number {i} of polyprose quickly .'
+    split = lm_prepare.SplitOf(f'polyprose/polyprose/mod{i}.py')
+    assert own in a[f'{split}.txt'].decode().splitlines()
+
+
+def test_wheel_source_errors_are_one_line(tmp_path, monkeypatch, capsys):
+  cache, pin = _WheelSetup(tmp_path, monkeypatch)
+  out = tmp_path / 'out'
+  empty = tmp_path / 'empty'
+  assert _Cli(empty, out) == (
+      f'lm_prepare: error: wheels not in {empty} and downloads are off: '
+      f"['{_WHEEL}']")
+  (cache / _WHEEL).write_bytes(b'changed')
+  digest = hashlib.sha256(b'changed').hexdigest()
+  assert _Cli(cache, out) == (
+      f'lm_prepare: error: {cache / _WHEEL}: sha256 {digest} does not match '
+      f'the pin {pin.sha256}; delete the file to re-download it')
+  cache, pin = _WheelSetup(tmp_path / 'l', monkeypatch, licence='Apache-2.0')
+  assert _Cli(cache, out) == (
+      f'lm_prepare: error: pinned wheel {_WHEEL}: its METADATA licence '
+      "'MIT' does not match the pinned 'Apache-2.0'; check it, or fix the pin "
+      '(lingshard/data/wheels.py or $LINGSHARD_WHEEL_PINS)')
+  cache, pin = _WheelSetup(tmp_path / 'g', monkeypatch, licence='GPL-3.0')
+  assert _Cli(cache, out) == (
+      f"lm_prepare: error: pinned wheel {_WHEEL}: licence 'GPL-3.0' is not "
+      'one of the permissive licences ' +
+      ', '.join(sorted(lm_sources.PERMISSIVE)))
+  cache, pin = _WheelSetup(tmp_path / 'n', monkeypatch, name='FakePkg')
+  assert _Cli(cache, out) == (
+      'lm_prepare: error: two pinned sources are named fakepkg '
+      f'(lingshard/data/lm_sources.py PINS and the wheel {_WHEEL}); read a '
+      'package once: leave one of them out')
+  assert not out.exists() and capsys.readouterr().err == ''
+
+
+def test_wheel_licence_family_agrees_with_the_pin(tmp_path):
+  wheel = _Wheel(tmp_path / _WHEEL, _WheelMembers('License: BSD'))
+  pin = wheels.WheelPin('polyprose', '1.0', _WHEEL, wheels.Sha256(wheel),
+                        'BSD-3-Clause')
+  source = lm_wheel_sources.WheelSource(pin, wheel)
+  assert source.archive == wheel and source.licence_files == (
+      ('LICENSE', b'The polyprose licence.\n'),)
+  with pytest.raises(lm_sources.SourceError, match="METADATA licence 'BSD'"):
+    lm_wheel_sources.WheelSource(pin._replace(licence='MIT'), wheel)
+
+
+def test_builtin_wheel_sources(monkeypatch):
+  monkeypatch.delenv(wheels.PINS_ENV, raising=False)
+  builtin = lm_wheel_sources.BUILTIN
+  assert builtin == tuple(p for p in wheels.LARGE_PINS if p in builtin)
+  assert [p.name for p in builtin[:4]] == [p.name for p in wheels.PINS]
+  assert len(builtin) == 12 and not any('jupyterlab' in p.name
+                                        for p in builtin)
+  pins = lm_wheel_sources.AllPins()  # No name is also an installed pin.
+  assert pins == lm_sources.PINS + builtin
+  assert lm_wheel_sources.Select('large') == pins
+  assert lm_wheel_sources.Select('Django,stdlib') == (lm_sources.PINS[0],
+                                                      wheels.PINS[0])
+
+
+@pytest.mark.parametrize('path, read', [
+    ('django/db/migrations/executor.py', True),
+    ('django/db/migrations/operations/models.py', True),
+    ('django/contrib/auth/migrations/0001_initial.py', False),
+    ('django/contrib/auth/migrations/__init__.py', True),
+    ('indico/migrations/versions/20170101_0000_add_table.py', False),
+    ('indico/migrations/env.py', True),
+    ('django/conf/locale/__init__.py', True),
+    ('django/conf/locale/fr/formats.py', False),
+    ('django/conf/locale/en_GB/__init__.py', False),
+    ('sphinx/locale/__init__.py', True),
+])
+def test_generated_migrations_and_locale_data_are_skipped(path, read):
+  assert lm_sources.IsPackageModule(path) is read
