@@ -20,7 +20,7 @@ excluding embedding and softmax (Table 7, millions):
 (tests/models/test_lm1b_params.py checks each within 5%.) Registered:
 `lm1b.TinyMoE` and its FLOP-matched baseline `lm1b.TinyLSTM` on the corpus
 of `python -m lingshard.data.lm_prepare --out data/lm_en`, and the same
-models on the larger corpus (~2.7M train words) of `python -m
+models on the larger corpus (~3.2M train words) of `python -m
 lingshard.data.lm_prepare --sources=large --out data/lm_en_large`:
 `lm1b.TinyMoELarge`, `lm1b.TinyLSTMLarge` (each config's embedding and
 softmax are sized by its own corpus's vocab.txt).
@@ -102,7 +102,8 @@ def Model(name, vocab_size=VOCAB_SIZE, model_dim=MODEL_DIM,
 # The English corpus of lingshard.data.lm_prepare (the 1B Word Benchmark is
 # not available offline); its word vocabulary sizes the embedding/softmax.
 DATA_DIR = 'data/lm_en'
-# lm_prepare --sources=large: the stdlib and 47 pinned venv distributions.
+# lm_prepare --sources=large: the stdlib, 47 pinned venv distributions and
+# 12 pinned PyPI wheels.
 LARGE_DATA_DIR = 'data/lm_en_large'
 
 
