@@ -7,6 +7,8 @@
   dispatch.py      GShard Algorithm 2 einsums and the index-based gather
   metrics.py       routing metrics (load, importance, drops, CV)
   rng.py           counter-based routing randomness (layout-invariant)
+  record.py        an off-by-default record of each layer's routing per
+                   [B, T] token, for analysis (tools/expert_usage.py)
   top2.py          GShard top-2 gating and `MoELayer`
   noisy_top_k.py   Shazeer noisy top-k gating and `NoisyTopKMoELayer`
   balanced.py      strictly balanced gating (Shazeer App. F)

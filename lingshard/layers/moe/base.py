@@ -32,6 +32,9 @@ keeps the FFN contract of ffn.py (the dense FFN's too):
   an enclosing `dropout.KeyedMasks` (a pipeline body's stack position), so
   random routing decisions do not depend on grouping, sharding or
   micro-batching (layers/moe/rng.py).
+- Inside `record.RoutingRecorder()` (off by default; analysis tools such
+  as lingshard/tools/expert_usage.py) FProp also appends its routing,
+  mapped back to [B, T] tokens, to the recorder (layers/moe/record.py).
 
 Expert weights wi [E, M, H], wo [E, H, M], optional biases bi [E, H],
 bo [E, M]; activation (relu default) and dropout on the hidden activations.
@@ -63,6 +66,7 @@ from lingshard.layers.moe import causality
 from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
+from lingshard.layers.moe import record as routing_record
 from lingshard.layers.moe import rng as routing_rng
 from lingshard.layers.moe import shared as moe_shared
 from lingshard.nested_map import NestedMap
@@ -475,6 +479,9 @@ class MoEBase(base_layer.BaseLayer):
     capacity = self.Capacity(s)
     gate_out, aux_loss, metrics = self._RouteAndMetrics(
         theta, x_gsm, nonpad_gs, token_gs, step, capacity)
+    # Off unless an analysis opened a recorder (record.py): the routing
+    # the dispatch below uses, per token of [B, T].
+    routing_record.Record(self, gate_out, nonpad_gs, (b, t))
     expert_fn = self.ExpertFn(theta, step)
     shard = self.ShardActivation
     if self.dispatch_impl == 'einsum':
