@@ -181,7 +181,7 @@ def ListModels(printer):
 
 
 # ------------------------------------------------------------------- modes
-def _RestoredTheta(params, logdir):
+def RestoredTheta(params, logdir):
   """(theta variables, step) of logdir's latest checkpoint."""
   state = state_lib.TrainState(params.task.Instantiate())
   ckpt = checkpointer.Checkpointer(os.path.join(logdir, 'train'), state,
@@ -197,7 +197,7 @@ def _Read(var):
   return var.read_value()
 
 
-def _InferenceTask(params):
+def InferenceTask(params):
   """The task of eval/decode/export: built from the task class's
   `InferenceParams(task_params)`. Theta is the training task's."""
   task_p = params.task
@@ -210,7 +210,7 @@ def _Evaluator(cfg, dataset):
   before anything is written."""
   params, _ = BuildParams(cfg, dataset, for_eval=True)
   params.input.Instantiate().GetDataset()
-  return eval_loop.Evaluator(_InferenceTask(params), params.input.Instantiate(),
+  return eval_loop.Evaluator(InferenceTask(params), params.input.Instantiate(),
                              params.task.train.eval_num_batches)
 
 
@@ -266,7 +266,7 @@ def RunTrain(cfg, params, strategy, info, printer, with_eval=False):
 
 
 def RunEval(cfg, params, printer):
-  theta, step = _RestoredTheta(params, cfg.logdir)
+  theta, step = RestoredTheta(params, cfg.logdir)
   hook = _EvalHook(cfg, cfg.eval_dataset, _Evaluator(cfg, cfg.eval_dataset),
                    lambda: theta.Transform(_Read), printer)
   return hook(step)
@@ -276,14 +276,14 @@ def RunDecode(cfg, params, printer):
   """Decodes --eval_dataset with the task's decoder; prints its report and
   returns its scores."""
   dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
-  task = _InferenceTask(dev)
+  task = InferenceTask(dev)
   input_generator = dev.input.Instantiate()
   decoder = task.CreateDecoder(input_generator, params.input.Instantiate())
   if decoder is None:
     raise ConfigError(f'--mode=decode: {type(task).__name__} has no decoder '
                       '(BaseTask.CreateDecoder returns None); use a task that '
                       'defines one, e.g. a translation model')
-  theta, step = _RestoredTheta(params, cfg.logdir)
+  theta, step = RestoredTheta(params, cfg.logdir)
   records = decode_loop.DecodeDataset(
       decoder, theta.Transform(_Read), input_generator.GetDataset(),
       dev.task.train.eval_num_batches)
@@ -301,8 +301,8 @@ def RunExport(cfg, params, printer):
       export.CheckExportDir(cfg.export_dir, cfg.export_overwrite, cfg.logdir)
   except export.ExportDirError as e:
     raise ConfigError(str(e)) from None
-  theta, step = _RestoredTheta(params, cfg.logdir)
-  task = _InferenceTask(params)
+  theta, step = RestoredTheta(params, cfg.logdir)
+  task = InferenceTask(params)
   module = task.CreateExportModule(theta, params.input.Instantiate())
   if module is None:
     raise ConfigError(f'--mode=export: {type(task).__name__} has no export '
