@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 from lingshard import trainer
+from lingshard.layers.moe import expert_choice
 from lingshard.layers.moe import noisy_top_k
 from lingshard.models import lm_model
 from lingshard.nested_map import NestedMap
@@ -148,6 +149,32 @@ def test_lm_groups_across_rows_map_back_to_tokens():
   text = expert_usage.FormatTable(usage, min_count=1)
   assert text.split('\n')[0].startswith('moe (NoisyTopKMoELayer, 4 experts, '
                                         'top-2; input tokens): 10 real')
+
+
+def test_expert_choice_has_no_first_choice():
+  """Expert choice (K = E, choice k is expert k): no first choice, so
+  `first` is None and the table uses every dispatched choice."""
+  moe = expert_choice.ExpertChoiceMoELayer.Params().Set(
+      num_experts=E, hidden_dim=8, num_groups=1)
+  p = lm_model.LMTask.Params().Set(name='lm', vocab_size=11, model_dim=8,
+                                   moe_tpl=moe, allow_noncausal_routing=True)
+  task = p.cls.InferenceParams(p).Instantiate()
+  ids = np.array([[1, 5, 7, 3, 0, 0], [1, 9, 4, 6, 10, 2]], np.int32)
+  pad = (ids == 0).astype(np.float32)
+  batch = NestedMap(ids=tf.constant(ids), labels=tf.constant(ids),
+                    paddings=tf.constant(pad))
+  usage = expert_usage.CountUsage(task, task.theta, [batch])
+  layer = usage['layers']['moe']
+  assert layer['first'] is None and layer['choices_per_token'] is None
+  # Each expert picks C = cf x S / E = 2 x 12 / 4 = 6 of the group's 10
+  # real tokens.
+  assert layer['all']['expert'] == [6] * E and layer['real_tokens'] == 10
+  assert '0' not in layer['all']['token']  # Padding is never picked.
+  text = expert_usage.FormatTable(usage).split('\n')
+  assert text[0].startswith('moe (ExpertChoiceMoELayer, 4 experts; input '
+                            'tokens): 10 real tokens, 24 dispatched')
+  assert text[1].startswith('  by all choice: I(expert; token) = ')
+  assert text[3].split()[:3] == ['0', '-', '25.0%']
 
 
 def _ToolFlags(*args):
