@@ -33,7 +33,7 @@ gives by chance, (R-1)(C-1) / (2 N ln 2) for R x C non-empty cells, Miller
 1955), and per expert its share of first and of dispatched choices and its
 top languages and tokens by lift = P(x | expert) / P(x) among those with
 at least --min_count of the expert's --choice counts. --json writes every
-count (module `Usage` docstring).
+count (`Measure`'s docstring).
 """
 
 import json
@@ -169,7 +169,7 @@ class UsageCounter:
     self.examples = 0
     self.batches = 0
     self._langs = []  # Language names by code (keys of the lang tables).
-    self._state = {}  # path -> NestedMap-like dict of counts.
+    self._state = {}  # path -> its counts.
 
   def _LangCodes(self, langs):
     codes = []
@@ -194,7 +194,14 @@ class UsageCounter:
     if unknown:
       raise UsageError(f'routing recorded for {unknown[0]}, which is not an '
                        'MoE layer of the task')
-    rows = None
+    self.batches += 1
+    if not records:
+      return
+    b = next(iter(records.values()))['real_bt'].shape[0]
+    self.examples += b
+    langs = ([x.decode('utf-8') for x in np.asarray(batch.lang)]
+             if 'lang' in batch else [NO_LANGUAGE] * b)
+    lang_b = self._LangCodes(langs)
     for path, rec in sorted(records.items()):
       _, side, _, num_experts = self.layers[path]
       expert_btk = np.asarray(rec['expert_btk']).astype(np.int64)
@@ -203,11 +210,8 @@ class UsageCounter:
       if ids_bt.shape != real_bt.shape:
         raise UsageError(f'{path} routed {list(real_bt.shape)} tokens but '
                          f'the batch\'s {side} ids are {list(ids_bt.shape)}')
-      b, t, k = expert_btk.shape
-      rows = b
-      langs = ([x.decode('utf-8') for x in np.asarray(batch.lang)]
-               if 'lang' in batch else [NO_LANGUAGE] * b)
-      lang_bt = np.broadcast_to(self._LangCodes(langs)[:, None], [b, t])
+      _, t, k = expert_btk.shape
+      lang_bt = np.broadcast_to(lang_b[:, None], [b, t])
       by_rank = not choice_is_expert[path]
       state = self._Layer(path, num_experts, k if by_rank else None)
       state['real_tokens'] += int(real_bt.sum())
@@ -223,9 +227,6 @@ class UsageCounter:
       ids_btk = np.broadcast_to(ids_bt[..., None], [b, t, k])
       self._Count(state['all'], expert_btk[disp_btk], lang_btk[disp_btk],
                   ids_btk[disp_btk], num_experts)
-    if rows is not None:
-      self.examples += rows
-    self.batches += 1
 
   @staticmethod
   def _Count(counts, experts, langs, ids, num_experts):
@@ -234,7 +235,7 @@ class UsageCounter:
     _AddPairs(counts['token'], ids.astype(np.int64), experts, num_experts)
 
   def Result(self):
-    """The `layers` entry of `Usage` (JSON-ready)."""
+    """{name: counts of the layer} (JSON-ready; Measure's docstring)."""
     def Table(counts):
       if counts is None:
         return None
@@ -258,7 +259,7 @@ class UsageCounter:
 
 
 def CountUsage(task, theta, batches, step=0):
-  """The `layers` of `Usage`, `examples` and `batches` for `task` (an
+  """{layers, examples, batches} (as in Measure) of `task` (an
   inference task) with weights `theta` over `batches` (an iterable of
   input batches, string leaves included)."""
   layers = MoeLayers(task)
@@ -325,7 +326,7 @@ def _CheckFlags(cfg):
 
 
 def Measure(cfg):
-  """`Usage` of the run --logdir of --model over --split (parsed flags
+  """The usage of the run --logdir of --model over --split (parsed flags
   `cfg`): {model, logdir, step, split, examples, batches, layers: {name:
   {path, tokens (the side), gate, num_experts, choices_per_token (k, None
   without ranked choices), real_tokens, dropped_choices, first, all}},
@@ -395,8 +396,52 @@ def _Printable(text):
   return ''.join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
+def _Share(counts, e):
+  if counts is None:
+    return f'{"-":>6}'
+  return f'{100.0 * counts["expert"][e] / max(sum(counts["expert"]), 1):5.1f}%'
+
+
+def _LayerLines(name, layer, pieces, choice, top, min_count):
+  """The table of one layer (FormatTable)."""
+  k, num_experts = layer['choices_per_token'], layer['num_experts']
+  kind = choice if layer[choice] is not None else 'all'
+  lines = [f'{name} ({layer["gate"]}, {num_experts} experts'
+           + (f', top-{k}' if k else '') + f'; {_SIDE_NAMES[layer["tokens"]]}'
+           f'): {layer["real_tokens"]} real tokens, '
+           f'{sum(layer["all"]["expert"])} dispatched choices, '
+           f'{layer["dropped_choices"]} dropped']
+  counts = layer[kind]
+  by_lang = len(counts['lang']) > 1  # Else one language (an LM: 'all').
+  info = []
+  for label, table in (('language', counts['lang']),
+                       ('token', counts['token'])):
+    if len(table) > 1:
+      mi, chance, h = MutualInformation(table)
+      info.append(f'I(expert; {label}) = {mi:.3f} bits (chance {chance:.3f}'
+                  f'; H({label}) = {h:.2f})')
+  lines.append(f'  by {kind} choice: ' + ('; '.join(info) or '-'))
+  lines.append(f'  {"expert":>6} {"first":>6} {"all":>6}  top ' +
+               ('languages / ' if by_lang else '') + 'tokens by lift (count)')
+  for e in range(num_experts):
+    head = f'  {e:>6} {_Share(layer["first"], e)} {_Share(layer["all"], e)}  '
+    toks = '  '.join(f'{_Printable(pieces.get(x, x))} {lift:.1f} ({c})'
+                     for x, lift, c in TopByLift(counts['token'], e, top,
+                                                 min_count)) or '-'
+    if by_lang:
+      langs = '  '.join(f'{x} {lift:.1f} ({c})' for x, lift, c in TopByLift(
+          counts['lang'], e, top, min_count)) or '-'
+      lines += [head + langs, ' ' * len(head) + toks]
+    else:
+      lines.append(head + toks)
+  return lines
+
+
 def FormatTable(usage, choice='first', top=5, min_count=5):
-  """The report text of `usage` (Measure / CountUsage's layers)."""
+  """The report text of `usage` (Measure's or CountUsage's): per layer a
+  header, the mutual information, then per expert its shares of first and
+  of dispatched choices, its top languages (when there are several) and
+  its top tokens by lift."""
   lines = []
   if 'model' in usage:
     lines.append(f'{usage["model"]} step {usage["step"]}, split '
@@ -404,42 +449,8 @@ def FormatTable(usage, choice='first', top=5, min_count=5):
                  f'{usage["batches"]} batches')
   pieces = usage.get('pieces', {})
   for name, layer in usage['layers'].items():
-    k, e_count = layer['choices_per_token'], layer['num_experts']
-    kind = choice if layer[choice] is not None else 'all'
-    dispatched = sum(layer['all']['expert'])
-    lines.append(
-        f'{name} ({layer["gate"]}, {e_count} experts'
-        + (f', top-{k}' if k else '') + f'; {_SIDE_NAMES[layer["tokens"]]}'
-        f'): {layer["real_tokens"]} real tokens, {dispatched} dispatched '
-        f'choices, {layer["dropped_choices"]} dropped')
-    counts = layer[kind]
-    info = []
-    for label, table in (('language', counts['lang']),
-                         ('token', counts['token'])):
-      if len(table) > 1:
-        mi, chance, h = MutualInformation(table)
-        info.append(f'I(expert; {label}) = {mi:.3f} bits (chance {chance:.3f}'
-                    f'; H({label}) = {h:.2f})')
-    lines.append(f'  by {kind} choice: ' + ('; '.join(info) or '-'))
-    first = layer['first']
-    lines.append(f'  {"expert":>6} {"first":>6} {"all":>6}  top languages / '
-                 'tokens by lift (tokens)')
-    side_pieces = pieces.get(layer['tokens'], {})
-    for e in range(e_count):
-      share1 = (f'{100.0 * first["expert"][e] / max(sum(first["expert"]), 1):5.1f}%'
-                if first else f'{"-":>6}')
-      share = 100.0 * layer['all']['expert'][e] / max(dispatched, 1)
-      langs = TopByLift(counts['lang'], e, top, min_count)
-      toks = TopByLift(counts['token'], e, top, min_count)
-      lang_text = '  '.join(f'{x} {lift:.1f} ({c})' for x, lift, c in langs)
-      tok_text = '  '.join(
-          f'{_Printable(side_pieces.get(x, x))} {lift:.1f} ({c})'
-          for x, lift, c in toks)
-      if len(counts['lang']) <= 1:
-        lang_text = ''
-      lines.append(f'  {e:>6} {share1} {share:5.1f}%  ' +
-                   (lang_text or '-'))
-      lines.append(f'  {"":>6} {"":>6} {"":>6}  ' + (tok_text or '-'))
+    lines += _LayerLines(name, layer, pieces.get(layer['tokens'], {}),
+                         choice, top, min_count)
   return '\n'.join(lines)
 
 

@@ -146,9 +146,13 @@ def test_lm_groups_across_rows_map_back_to_tokens():
   ref = _Reference(theta.emb.emb[ids], theta.moe.wg, pad == 0, ids,
                    ['all', 'all'], 2)
   _CheckLayer(layer, ref, int((pad == 0).sum()), 2)
-  text = expert_usage.FormatTable(usage, min_count=1)
-  assert text.split('\n')[0].startswith('moe (NoisyTopKMoELayer, 4 experts, '
-                                        'top-2; input tokens): 10 real')
+  text = expert_usage.FormatTable(usage, min_count=1).split('\n')
+  assert text[0].startswith('moe (NoisyTopKMoELayer, 4 experts, top-2; '
+                            'input tokens): 10 real tokens, 20 dispatched')
+  # One language: a line per expert (shares, then tokens).
+  assert len(text) == 3 + E
+  assert text[2].split() == ['expert', 'first', 'all', 'top', 'tokens', 'by',
+                             'lift', '(count)']
 
 
 def test_expert_choice_has_no_first_choice():
@@ -221,6 +225,7 @@ def test_cli_on_a_trained_checkpoint(run, tmp_path):
       f'--eval_params_override={dev}'), 'Dev', for_eval=True)
   batches = list(params.input.Instantiate().GetDataset().take(2))
   langs = {x.decode() for b in batches for x in b.lang.numpy()}
+  assert len(langs) > 1  # A row of languages per expert in the table.
   assert usage['examples'] == sum(len(b.lang) for b in batches)
   for name, side in (('enc/layer_000/moe', 'src'), ('dec/layer_000/moe',
                                                     'tgt')):
@@ -249,7 +254,7 @@ def test_cli_on_a_trained_checkpoint(run, tmp_path):
                         'target (decoder input) tokens): ')
   assert text[2].startswith('  by first choice: I(expert; language) = ')
   assert text[3].split() == ['expert', 'first', 'all', 'top', 'languages',
-                             '/', 'tokens', 'by', 'lift', '(tokens)']
+                             '/', 'tokens', 'by', 'lift', '(count)']
   rows = [text[4 + 2 * e].split() for e in range(8)]
   assert [r[0] for r in rows] == [str(e) for e in range(8)]
   shares = [float(r[2].rstrip('%')) for r in rows]
