@@ -236,10 +236,11 @@ def CheckSnippet(r):
 
 
 def _CheckReproduce(r):
-  """The evidence page's capacity experiment (quick) on the README corpus:
-  every run's command names the config key, seed and overrides; a smaller
-  capacity drops more wanted choices (GShard §2.2); the page and its PNG
-  are written, sections not run say how to run them."""
+  """The evidence page's capacity experiment and capacity probe (quick) on
+  the README corpus: every run's command names the config key, seed and
+  overrides; a smaller capacity drops more wanted choices (GShard §2.2);
+  the page and its PNGs are written, sections not run say how to run
+  them."""
   out_dir = r.Path(lib.Flag(r.argv, 'out_dir'))
   with open(os.path.join(out_dir, 'results', 'capacity.json'),
             encoding='utf-8') as f:
@@ -269,6 +270,31 @@ def _CheckReproduce(r):
   assert ('Not run yet: `python -m lingshard.experiments --only conditional`.'
           in page)
   with open(os.path.join(out_dir, 'results', 'capacity.png'), 'rb') as f:
+    assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+  _CheckProbe(r, out_dir, page)
+
+
+def _CheckProbe(r, out_dir, page):
+  """The capacity probe (quick): each arm trains on the fixed subset and
+  is evaluated on it; one seed, so the page gives no verdict."""
+  with open(os.path.join(out_dir, 'results', 'probe.json'),
+            encoding='utf-8') as f:
+    result = json.load(f)
+  assert result['mode'] == 'quick' and result['seeds'] == [1], r.Why()
+  with open(r.Path(result['subset']), encoding='utf-8') as f:
+    assert len(f.readlines()) == result['rows']
+  for arm, model in (('dense', 'm4.TinyDense'), ('moe', 'm4.TinyMoE')):
+    run = result['runs'][f'probe_{arm}_s1']
+    train = shlex.split(run['commands'][0])
+    assert f'--model={model}' in train and '--seed=1' in train
+    subset = f"input.file_pattern='{result['subset']}'"
+    assert lib.Flag(train, 'params_override').startswith(subset + ';')
+    assert lib.Flag(train, 'eval_params_override') == subset
+    assert [p['step'] for p in run['curve']] == [result['steps']]
+    assert 0 < run['curve'][0]['log_pplx'] < 20
+  assert '## 7. Capacity probe' in page
+  assert '- The probe gives no verdict (a value missing or one seed).' in page
+  with open(os.path.join(out_dir, 'results', 'probe_curves.png'), 'rb') as f:
     assert f.read(8) == b'\x89PNG\r\n\x1a\n'
 
 

@@ -5,6 +5,7 @@ section per experiment (sections.py), the run-time line."""
 import os
 
 from lingshard.experiments import page_parts as pp
+from lingshard.experiments import probe
 from lingshard.experiments import sections as sec
 
 
@@ -29,7 +30,8 @@ def Write(out_dir, data_dir):
               ('capacity', lambda r: sec.Capacity(r, res_dir)),
               ('speed', lambda r: sec.Speed(r, res_dir)),
               ('gpipe', lambda r: sec.Gpipe(r, res_dir)),
-              ('lm', lambda r: sec.Lm(r, res_dir)))
+              ('lm', lambda r: sec.Lm(r, res_dir)),
+              ('probe', lambda r: probe.Section(r, res_dir)))
   for name, render in sections:
     res = pp.Load(res_dir, name)
     if res is None:

@@ -20,7 +20,7 @@ def _Save(plt, fig, path):
   return path
 
 
-def Curves(path, arms, title):
+def Curves(path, arms, title, ylabel='dev log-perplexity'):
   """arms: {name: [curve]} with curve = [{'step', 'log_pplx'}] per seed;
   plots the mean over seeds with a ± sd band at the steps all share."""
   plt = _Plt()
@@ -38,7 +38,7 @@ def Curves(path, arms, title):
       sd = vals.std(0, ddof=1)
       ax.fill_between(steps, mean - sd, mean + sd, alpha=0.2)
   ax.set_xlabel('training steps')
-  ax.set_ylabel('dev log-perplexity')
+  ax.set_ylabel(ylabel)
   ax.set_title(title, fontsize=10)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)

@@ -20,6 +20,8 @@ docs/results/. Experiments (names for --only):
                bench_moe.py
   gpipe        GPipe §2.3: bench_gpipe.py (memory, bubble)
   lm           Shazeer App. C: lm1b.TinyMoE vs the FLOP-matched TinyLSTM
+  probe        issue 31's capacity probe: TinyMoE vs TinyDense on a fixed
+               small training subset, training loss at equal steps
 
 Each experiment writes docs/results/<name>.json (every run's commands,
 config key, seed, overrides and measurements, the revision); the page is
@@ -44,6 +46,7 @@ import time
 
 from lingshard.experiments import page as page_lib
 from lingshard.experiments import page_parts
+from lingshard.experiments import probe
 from lingshard.experiments import runs as runs_lib
 
 # The repository this package is in (git: which revision, same package?).
@@ -57,7 +60,7 @@ PACKAGE_PATHS = ('lingshard', ':(exclude)lingshard/experiments')
 # Run order: the timing benchmarks first (each with the machine to itself),
 # the headline experiment next.
 EXPERIMENTS = ('speed', 'conditional', 'capacity', 'balance', 'depth', 'lm',
-               'gpipe')
+               'gpipe', 'probe')
 DENSE = 'm4.TinyDense'
 MOE_ARMS = (('E4', 'm4.TinyMoE4E'), ('E8', 'm4.TinyMoE'),
             ('E16', 'm4.TinyMoE16E'), ('E32', 'm4.TinyMoE32E'))
@@ -66,11 +69,21 @@ CAPACITY_FACTORS = (0.5, 1.0, 2.0, 4.0)
 # Equal wall-clock step budgets within 3% of the step budget count as it.
 WALL_TOLERANCE = 0.03
 POLICIES = ('all', 'random')
+# The capacity probe (probe.py): pairs of its training subset, steps and
+# its curve's eval interval. From the arms' curves (seed 1, ~400 target
+# tokens per step): on 2,000 pairs (~20 epochs in 1,000 steps) TinyDense
+# memorises nearly all of it (training log-pplx 0.25, TinyMoE 0.22); on
+# 8,000 (~5 epochs) it reaches 1.53, TinyMoE 1.39. Six runs of 1,000 steps
+# with 4 evaluations of 8,000 pairs take ~15 min on 2 idle cores.
+PROBE_ROWS = 8000
+PROBE_STEPS = 1000
+PROBE_EVAL_EVERY = 250
 
 # steps: the MT runs' step budget (equal-steps comparisons); seeds: of
 # conditional, lm and the reference arms of depth / balance; sweep_seeds:
 # of capacity and the other depth / balance arms; sweep_steps: the
-# capacity sweep's budget (8 arms).
+# capacity sweep's budget (8 arms); probe_*: the capacity probe's training
+# subset (rows of train.tsv), step budget, eval interval and seeds.
 CONFIGS = {
     'full': dict(steps=1000, eval_every=250, seeds=(1, 2, 3),
                  sweep_seeds=(1,), sweep_steps=500, lm_steps=1500,
@@ -79,7 +92,9 @@ CONFIGS = {
                  capacity_factors=CAPACITY_FACTORS, dev_rows=0,
                  bench_step_reps=3, bench_step_batches=12,
                  spmd_devices='2,4,8,16,32,64', moe_experts='8 16 64',
-                 moe_reps=3, gpipe_args=('--quick',), mt_overrides=''),
+                 moe_reps=3, gpipe_args=('--quick',), mt_overrides='',
+                 probe_rows=PROBE_ROWS, probe_steps=PROBE_STEPS,
+                 probe_eval_every=PROBE_EVAL_EVERY, probe_seeds=(1, 2, 3)),
     # Every table and figure from a subset of each experiment's arms,
     # evaluated and decoded on every 50th dev row.
     # (10 steps: a trainer process's start-up and tracing dominate.)
@@ -94,7 +109,9 @@ CONFIGS = {
                               '--mem_batch_size=32', '--batch_size=16'),
                   # One bucket shape: one trace per step function.
                   mt_overrides='input.bucket_upper_bounds=[64];'
-                  'input.bucket_batch_limits=[16]'),
+                  'input.bucket_batch_limits=[16]',
+                  probe_rows=32, probe_steps=10, probe_eval_every=10,
+                  probe_seeds=(1,)),
 }
 
 
@@ -166,9 +183,7 @@ def BenchStep(ctx, models, mode, variants=()):
   return dict(command=shown, ms_per_step=ms, output=out)
 
 
-def _SeedOverrides(seed, extra=''):
-  # Seeds vary initialisation, routing randomness and the data order.
-  return ';'.join(o for o in (f'input.seed={1000 + seed}', extra) if o)
+_SeedOverrides = runs_lib.SeedOverrides
 
 
 def Conditional(ctx):
@@ -347,7 +362,8 @@ def Lm(ctx):
 
 
 RUNNERS = dict(conditional=Conditional, depth=Depth, balance=Balance,
-               capacity=Capacity, speed=Speed, gpipe=Gpipe, lm=Lm)
+               capacity=Capacity, speed=Speed, gpipe=Gpipe, lm=Lm,
+               probe=probe.Probe)
 
 
 class Context:

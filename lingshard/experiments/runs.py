@@ -35,7 +35,7 @@ DEV_SPLITS = ('dev_unseen_en', 'dev_seen_en')
 # routing_metrics.py) read back from the training summaries.
 ROUTING_KEYS = ('cv_importance', 'cv_load', 'max_over_mean_load',
                 'over_capacity_first', 'over_capacity_second',
-                'frac_dispatched_0', 'aux_loss')
+                'frac_dispatched_0', 'aux_loss', 'random_accept_rate')
 
 
 def Shown(argv):
@@ -52,6 +52,13 @@ def Shown(argv):
     else:
       out.append(shlex.quote(a))
   return ' '.join(out)
+
+
+def SeedOverrides(seed, extra=''):
+  """A run's params overrides for `seed` (then `extra`): the seed varies
+  initialisation and routing randomness (--seed) and the data order
+  (input.seed)."""
+  return ';'.join(o for o in (f'input.seed={1000 + seed}', extra) if o)
 
 
 def DevSubset(data_dir, work_dir, every):
@@ -71,9 +78,14 @@ class Run:
   """One training run (see module docstring)."""
 
   def __init__(self, name, model, seed, stops, overrides='', decode=False,
-               eval_every=0, data='mt', flags=()):
+               eval_every=0, data='mt', flags=(), train_file=None,
+               eval_file=None):
     self.name, self.model, self.seed = name, model, int(seed)
     self.flags = tuple(flags)  # Further trainer flags of the train commands.
+    # Translation runs: TSV files read instead of the corpus's train.tsv
+    # and dev split (e.g. the capacity probe's fixed training subset,
+    # evaluated on itself).
+    self.train_file, self.eval_file = train_file, eval_file
     self.stops = sorted({int(s) for s in stops})
     self.overrides, self.decode = overrides, decode
     self.eval_every = int(eval_every) or self.stops[-1]
@@ -83,8 +95,11 @@ class Run:
     spec = dict(model=self.model, seed=self.seed, stops=self.stops,
                 overrides=self.overrides, decode=self.decode,
                 eval_every=self.eval_every, data=self.data)
-    if self.flags:  # Only then: earlier runs' recorded hashes stay valid.
-      spec['flags'] = list(self.flags)
+    # Only when set: earlier runs' recorded hashes stay valid.
+    for key in ('flags', 'train_file', 'eval_file'):
+      value = getattr(self, key)
+      if value:
+        spec[key] = list(value) if key == 'flags' else value
     return spec
 
   def SpecHash(self):
@@ -116,10 +131,12 @@ class Runner:
               f"input.file_pattern='{d}/dev.txt'")
     d, v = self.data_dir, os.path.join(self.data_dir, 'vocab',
                                        'spm_shared.model')
+    train_file = run.train_file or f'{d}/train.tsv'
+    eval_file = run.eval_file or f'{self.dev_dir}/{DEV_SPLITS[0]}.tsv'
     train = ';'.join(o for o in (
-        f"input.file_pattern='{d}/train.tsv';input.src_vocab='{v}';"
+        f"input.file_pattern='{train_file}';input.src_vocab='{v}';"
         f"input.tgt_vocab='{v}'", self.mt_overrides) if o)
-    return train, f"input.file_pattern='{self.dev_dir}/{DEV_SPLITS[0]}.tsv'"
+    return train, f"input.file_pattern='{eval_file}'"
 
   def Commands(self, run):
     """[(kind, step, argv)]: the run's trainer invocations in order."""

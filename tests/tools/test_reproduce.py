@@ -1,13 +1,19 @@
 """The evidence page's rules (lingshard.experiments): claims only beyond the seed spread,
-commands shown as they paste back into a shell. (Its README command, a
+commands shown as they paste back into a shell, the capacity probe's pass
+rule and training subset. (Its README command, a
 quick capacity experiment, runs in tests/test_readme_reproduce.py.)"""
 
+import os
 import shlex
 import sys
 
 import pytest
+import sentencepiece as spm
 
+from lingshard import model_registry
+from lingshard.data import corpus_io
 from lingshard.experiments import page_parts
+from lingshard.experiments import probe
 from lingshard.experiments import runs as runs_lib
 
 
@@ -77,3 +83,51 @@ def test_extra_trainer_flags_reach_the_train_commands_and_the_spec():
   (kind, stop, argv), = runner.Commands(warm)
   assert (kind, stop) == ('train', 10)
   assert argv[-1] == '--init_from_checkpoint=logs/d/train/ckpt-5'
+
+
+def test_the_probe_passes_only_when_every_moe_seed_is_below_every_dense():
+  assert probe.Passes([1.00, 1.02, 1.04], [1.05, 1.10, 1.20]) is True
+  # Means far apart, but one MoE seed above one dense seed: not beyond
+  # the spread.
+  assert probe.Passes([0.90, 0.91, 1.06], [1.05, 1.10, 1.20]) is False
+  assert probe.Passes([1.0], [2.0]) is None  # One seed: no verdict.
+  assert probe.Passes([1.0, None], [2.0, 2.1]) is None
+
+
+def test_a_probe_run_trains_and_evaluates_on_its_subset():
+  runs = runs_lib
+  plain = runs.Run('a', 'm4.TinyMoE', 1, [10])
+  # Recorded runs' hashes stay valid.
+  assert not {'train_file', 'eval_file'} & set(plain.Spec())
+  sub = 'w/probe_train_8/train.tsv'
+  run = runs.Run('probe_moe_s1', 'm4.TinyMoE', 1, [10],
+                 runs.SeedOverrides(1, probe.OVERRIDES), train_file=sub,
+                 eval_file=sub)
+  assert (run.Spec()['train_file'], run.Spec()['eval_file']) == (sub, sub)
+  runner = runs.Runner('w', 'data', 'lm', mt_overrides='input.x=1')
+  (kind, _, argv), = runner.Commands(run)
+  assert kind == 'train'
+  train = next(a for a in argv if a.startswith('--params_override='))
+  assert train.startswith(f"--params_override=input.file_pattern='{sub}';"
+                          "input.src_vocab='data/vocab/spm_shared.model';")
+  assert train.endswith(';input.seed=1001;input.temperature=1.0')
+  assert 'input.x=1' in train
+  assert argv[-1] == f"--eval_params_override=input.file_pattern='{sub}'"
+
+
+def test_the_probe_subset_spreads_over_the_pairs_training_keeps(
+    prepared_dir, tmp_path):
+  path, tokens = probe.TrainSubset(prepared_dir, str(tmp_path), 40)
+  assert path == str(tmp_path / 'probe_train_40' / 'train.tsv')
+  pairs = corpus_io.ReadTsv(os.path.join(prepared_dir, 'train.tsv'))
+  sub = corpus_io.ReadTsv(path)
+  assert len(sub) == 40 and set(sub) <= set(pairs)
+  # Evenly spaced over the file (sorted by language): many languages.
+  assert len({r[0] for r in sub}) > len({r[0] for r in pairs}) // 2
+  sp = spm.SentencePieceProcessor(model_file=os.path.join(
+      prepared_dir, 'vocab', 'spm_shared.model'))
+  bound = model_registry.GetParams(
+      'm4.TinyMoE', 'Train').input.bucket_upper_bounds[-1]
+  assert all(len(sp.encode(r[1])) + 1 <= bound and
+             len(sp.encode(r[2])) + 1 <= bound for r in sub)
+  assert tokens == sum(len(sp.encode(r[2])) + 1 for r in sub)
