@@ -69,6 +69,29 @@ def WriteTsv(path, rows):
       f.write('\t'.join(row) + '\n')
 
 
+def WriteAttribution(out_dir, header, entries):
+  """ATTRIBUTION.txt and licenses/ of a corpus (prepare, lm_prepare).
+
+  header: the opening lines; entries: (line naming a source, [(licence file
+  name, bytes)], line to add when it has no licence file, or None). Each
+  file is written to licenses/<name> and listed under its source.
+  """
+  lic_dir = os.path.join(out_dir, 'licenses')
+  os.makedirs(lic_dir, exist_ok=True)
+  lines = list(header) + ['']
+  for line, files, if_none in entries:
+    lines.append(line)
+    for filename, data in files:
+      with open(os.path.join(lic_dir, filename), 'wb') as f:
+        f.write(data)
+      lines.append(f'    licenses/{filename}')
+    if not files and if_none:
+      lines.append(f'    {if_none}')
+  with open(os.path.join(out_dir, 'ATTRIBUTION.txt'), 'w', encoding='utf-8',
+            newline='\n') as f:
+    f.write('\n'.join(lines) + '\n')
+
+
 def _ParseLine(line, path, lineno):
   text = line.rstrip('\r\n')
   fields = text.split('\t')

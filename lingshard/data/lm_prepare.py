@@ -299,28 +299,22 @@ def Describe(source):
 
 def WriteAttribution(out_dir, sources):
   """ATTRIBUTION.txt and licenses/<source>-<file> of the sources read."""
-  lic_dir = os.path.join(out_dir, 'licenses')
-  os.makedirs(lic_dir, exist_ok=True)
-  lines = ['English sentences extracted from the docstrings and comments of '
-           'the Python', 'sources of these packages (installed, or pinned '
-           'wheels), read, never imported or run:', '']
+  entries = []
   for source in sources:
     pin = source.pin
     kind = 'wheel' if source.archive else 'sources'
-    lines.append(f'- {Describe(source)}, licence: {pin.licence}, {kind} '
-                 f'sha256: {pin.sha256}')
     with lm_sources.Opened(source) as archive:
-      for name, file in source.licence_files:
-        filename = f'{pin.name}-{name}'
-        with open(os.path.join(lic_dir, filename), 'wb') as f:
-          f.write(lm_sources.ReadFile(archive, file))
-        lines.append(f'    licenses/{filename}')
-    if not source.licence_files:
-      lines.append('    (no licence file in the ' + (
-          'wheel)' if source.archive else 'installed distribution)'))
-  with open(os.path.join(out_dir, 'ATTRIBUTION.txt'), 'w', encoding='utf-8',
-            newline='\n') as f:
-    f.write('\n'.join(lines) + '\n')
+      files = [(f'{pin.name}-{name}', lm_sources.ReadFile(archive, file))
+               for name, file in source.licence_files]
+    entries.append((
+        f'- {Describe(source)}, licence: {pin.licence}, {kind} sha256: '
+        f'{pin.sha256}', files, '(no licence file in the ' + (
+            'wheel)' if source.archive else 'installed distribution)')))
+  corpus_io.WriteAttribution(
+      out_dir, ['English sentences extracted from the docstrings and '
+                'comments of the Python', 'sources of these packages '
+                '(installed, or pinned wheels), read, never imported or run:'],
+      entries)
 
 
 def Write(out, data, words, stats, sources=None):

