@@ -30,6 +30,8 @@ import time
 
 import numpy as np
 
+LM_TRAIN = 'train.txt'  # lm_prepare's training split (prepare: train.tsv).
+
 
 def _Args():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -38,7 +40,9 @@ def _Args():
                   help='First = the numerator of the ratio, last = the '
                   'denominator.')
   ap.add_argument('--modes', nargs='+', default=['graph', 'jit'])
-  ap.add_argument('--data_dir', default='data/ui_m4')
+  ap.add_argument('--data_dir', default='data/ui_m4',
+                  help='A prepare corpus (translation models) or an '
+                  'lm_prepare corpus (language models, with train.txt).')
   ap.add_argument('--batches', type=int, default=12,
                   help='Real batches per timed pass (all buckets occur).')
   ap.add_argument('--reps', type=int, default=5)
@@ -59,9 +63,14 @@ def _Params(model, data_dir, overrides):
   from lingshard.tools import demo  # pylint: disable=g-import-not-at-top
   from lingshard.train import overrides as overrides_lib  # pylint: disable=g-import-not-at-top
   p = model_registry.GetParams(model, 'Train')
-  p.input.file_pattern = os.path.join(data_dir, 'train.tsv')
-  for key, path in demo.VocabPaths(model, data_dir).items():
-    p.input.Set(**{key: path})
+  if os.path.exists(os.path.join(data_dir, LM_TRAIN)):
+    # An lm_prepare corpus (language-model configs): words + vocab.txt.
+    p.input.Set(file_pattern=os.path.join(data_dir, LM_TRAIN),
+                vocab=os.path.join(data_dir, 'vocab.txt'))
+  else:
+    p.input.file_pattern = os.path.join(data_dir, 'train.tsv')
+    for key, path in demo.VocabPaths(model, data_dir).items():
+      p.input.Set(**{key: path})
   if overrides:
     overrides_lib.ApplyOverrides(p, overrides)
   return p

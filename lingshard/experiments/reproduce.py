@@ -22,6 +22,8 @@ docs/results/. Experiments (names for --only):
   lm           Shazeer App. C: lm1b.TinyMoE vs the FLOP-matched TinyLSTM
   probe        issue 31's capacity probe: TinyMoE vs TinyDense on a fixed
                small training subset, training loss at equal steps
+  regime       issue 31's experiment: MoE vs its FLOP-matched dense twin on
+               the large corpora (MT and LM), equal steps and wall-clock
 
 Each experiment writes docs/results/<name>.json (every run's commands,
 config key, seed, overrides and measurements, the revision); the page is
@@ -47,6 +49,7 @@ import time
 from lingshard.experiments import page as page_lib
 from lingshard.experiments import page_parts
 from lingshard.experiments import probe
+from lingshard.experiments import regime
 from lingshard.experiments import runs as runs_lib
 
 # The repository this package is in (git: which revision, same package?).
@@ -60,7 +63,7 @@ PACKAGE_PATHS = ('lingshard', ':(exclude)lingshard/experiments')
 # Run order: the timing benchmarks first (each with the machine to itself),
 # the headline experiment next.
 EXPERIMENTS = ('speed', 'conditional', 'capacity', 'balance', 'depth', 'lm',
-               'gpipe', 'probe')
+               'gpipe', 'probe', 'regime')
 DENSE = 'm4.TinyDense'
 MOE_ARMS = (('E4', 'm4.TinyMoE4E'), ('E8', 'm4.TinyMoE'),
             ('E16', 'm4.TinyMoE16E'), ('E32', 'm4.TinyMoE32E'))
@@ -78,6 +81,13 @@ POLICIES = ('all', 'random')
 PROBE_ROWS = 8000
 PROBE_STEPS = 1000
 PROBE_EVAL_EVERY = 250
+# The regime experiment (regime.py): steps per run, eval interval, seeds,
+# dev rows kept (every n-th) and the corpora. From one-seed pilots on the
+# large corpora (7,000+ steps, logs in the issue 31 notes) and the machine
+# time of 12 runs: 4,000 steps (~15 min a run, two at a time).
+REGIME = dict(regime_steps=4000, regime_eval_every=1000, regime_seeds=(1, 2, 3),
+              regime_dev_every=4, regime_mt_dir='data/ui_m4_large',
+              regime_lm_dir='data/lm_en_large', regime_bench_mode='graph')
 
 # steps: the MT runs' step budget (equal-steps comparisons); seeds: of
 # conditional, lm and the reference arms of depth / balance; sweep_seeds:
@@ -94,7 +104,8 @@ CONFIGS = {
                  spmd_devices='2,4,8,16,32,64', moe_experts='8 16 64',
                  moe_reps=3, gpipe_args=('--quick',), mt_overrides='',
                  probe_rows=PROBE_ROWS, probe_steps=PROBE_STEPS,
-                 probe_eval_every=PROBE_EVAL_EVERY, probe_seeds=(1, 2, 3)),
+                 probe_eval_every=PROBE_EVAL_EVERY, probe_seeds=(1, 2, 3),
+                 **REGIME),
     # Every table and figure from a subset of each experiment's arms,
     # evaluated and decoded on every 50th dev row.
     # (10 steps: a trainer process's start-up and tracing dominate.)
@@ -111,7 +122,12 @@ CONFIGS = {
                   mt_overrides='input.bucket_upper_bounds=[64];'
                   'input.bucket_batch_limits=[16]',
                   probe_rows=32, probe_steps=10, probe_eval_every=10,
-                  probe_seeds=(1,)),
+                  probe_seeds=(1,),
+                  # The default corpora (the Large configs with their
+                  # paths overridden), every 50th dev row.
+                  **dict(REGIME, regime_steps=10, regime_eval_every=10,
+                         regime_seeds=(1,), regime_dev_every=50,
+                         regime_mt_dir=None, regime_lm_dir=None)),
 }
 
 
@@ -164,17 +180,21 @@ def _Script(ctx, argv, log_name):
   return _Shown(cmd), proc.stdout
 
 
-def BenchStep(ctx, models, mode, variants=()):
-  """{variant name: ms/step} from scripts/bench_step.py (interleaved)."""
+def BenchStep(ctx, models, mode, variants=(), data_dir=None):
+  """{variant name: ms/step} from scripts/bench_step.py (interleaved), on
+  `data_dir` (default: the translation corpus)."""
   cfg = ctx.cfg
+  data_dir = data_dir or ctx.data_dir
   argv = ['scripts/bench_step.py', '--models', *models, '--modes', mode,
           '--reps', str(cfg['bench_step_reps']), '--batches',
-          str(cfg['bench_step_batches']), '--data_dir', ctx.data_dir]
-  if ctx.params_override:
+          str(cfg['bench_step_batches']), '--data_dir', data_dir]
+  if ctx.params_override and data_dir == ctx.data_dir:
     argv.append(f'--params_override={ctx.params_override}')
   for v in variants:
     argv.append(f'--variant={v}')
-  shown, out = _Script(ctx, argv, f'bench_step_{mode}_{len(models)}.log')
+  tag = '' if data_dir == ctx.data_dir else '_' + os.path.basename(
+      os.path.normpath(data_dir))
+  shown, out = _Script(ctx, argv, f'bench_step_{mode}_{len(models)}{tag}.log')
   ms = {}
   for line in out.splitlines():
     parts = line.split()
@@ -363,7 +383,7 @@ def Lm(ctx):
 
 RUNNERS = dict(conditional=Conditional, depth=Depth, balance=Balance,
                capacity=Capacity, speed=Speed, gpipe=Gpipe, lm=Lm,
-               probe=probe.Probe)
+               probe=probe.Probe, regime=regime.Regime)
 
 
 class Context:
@@ -388,6 +408,7 @@ class Context:
     if self.cfg['dev_rows']:
       dev_dir = runs_lib.DevSubset(args.data_dir, args.work_dir,
                                          self.cfg['dev_rows'])
+    self.bench = functools.partial(BenchStep, self)
     self.runner = runs_lib.Runner(args.work_dir, args.data_dir,
                                         args.lm_data_dir, args.workers,
                                         dev_dir=dev_dir,
@@ -445,7 +466,7 @@ def _Revision():
 
 def _EnsureCorpora(args):
   """Prepares the default corpora if missing (as the demo does)."""
-  needs_lm = {'balance', 'lm'} & set(args.names)
+  needs_lm = {'balance', 'lm', 'regime'} & set(args.names)
   for path, module, needed in ((args.data_dir, 'lingshard.data.prepare', True),
                                (args.lm_data_dir, 'lingshard.data.lm_prepare',
                                 needs_lm)):

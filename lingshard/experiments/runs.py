@@ -82,9 +82,9 @@ class Run:
                eval_file=None):
     self.name, self.model, self.seed = name, model, int(seed)
     self.flags = tuple(flags)  # Further trainer flags of the train commands.
-    # Translation runs: TSV files read instead of the corpus's train.tsv
-    # and dev split (e.g. the capacity probe's fixed training subset,
-    # evaluated on itself).
+    # Files read instead of the corpus's training and dev split (e.g. the
+    # capacity probe's fixed training subset, evaluated on itself; an LM
+    # run's dev subset). train_file: translation runs only.
     self.train_file, self.eval_file = train_file, eval_file
     self.stops = sorted({int(s) for s in stops})
     self.overrides, self.decode = overrides, decode
@@ -128,7 +128,7 @@ class Runner:
       d = self.lm_data_dir
       return (f"input.file_pattern='{d}/train.txt';"
               f"input.vocab='{d}/vocab.txt'",
-              f"input.file_pattern='{d}/dev.txt'")
+              f"input.file_pattern='{run.eval_file or f'{d}/dev.txt'}'")
     d, v = self.data_dir, os.path.join(self.data_dir, 'vocab',
                                        'spm_shared.model')
     train_file = run.train_file or f'{d}/train.tsv'
