@@ -84,8 +84,8 @@ PROBE_EVAL_EVERY = 250
 # The regime experiment (regime.py): steps per run, eval interval, seeds,
 # dev rows kept (every n-th) and the corpora. From one-seed pilots on the
 # large corpora (7,000+ steps, logs in the issue 31 notes) and the machine
-# time of 12 runs: 4,000 steps (~15 min a run, two at a time).
-REGIME = dict(regime_steps=4000, regime_eval_every=1000, regime_seeds=(1, 2, 3),
+# time of 12 runs: 5,000 steps (~19 min a run, two at a time).
+REGIME = dict(regime_steps=5000, regime_eval_every=1000, regime_seeds=(1, 2, 3),
               regime_dev_every=4, regime_mt_dir='data/ui_m4_large',
               regime_lm_dir='data/lm_en_large', regime_bench_mode='graph')
 
