@@ -21,6 +21,7 @@ row of the large corpora's dev splits (cheap evaluation; the same rows for
 every arm).
 """
 
+import json
 import os
 
 from lingshard.experiments import runs as runs_lib
@@ -44,6 +45,24 @@ def LmDevSubset(lm_dir, work_dir, every):
   with open(out, 'w', encoding='utf-8') as f:
     f.writelines(rows[::every])
   return out
+
+
+def CorpusFacts(mt_dir, lm_dir):
+  """What the page says of the two corpora, from their manifests: MT
+  distinct English strings, pairs and languages (in all and per split);
+  LM words per split and the vocabulary size."""
+  with open(os.path.join(mt_dir, 'manifest.json'), encoding='utf-8') as f:
+    mt = json.load(f)
+  with open(os.path.join(lm_dir, 'manifest.json'), encoding='utf-8') as f:
+    lm = json.load(f)
+  return dict(
+      mt=dict(english_strings=mt['english_strings'],
+              unique_pairs=mt['unique_pairs'], languages=mt['languages'],
+              splits={k: dict(pairs=v['pairs'],
+                              english_strings=v['english_strings'])
+                      for k, v in mt['splits'].items()}),
+      lm=dict(words={k: v['words'] for k, v in lm['splits'].items()},
+              vocab_size=lm['vocab_size']))
 
 
 def WallSteps(steps, ms_arm, ms_dense):
@@ -93,5 +112,6 @@ def Regime(ctx):
     tasks[task] = dict(arms=info, bench=bench)
   return dict(steps=steps, seeds=list(cfg['regime_seeds']),
               dev_every=every, mt_dir=mt_dir, lm_dir=lm_dir,
+              corpora=CorpusFacts(mt_dir, lm_dir),
               wall_tolerance=WALL_TOLERANCE, tasks=tasks,
               runs=runner.RunAll(runs))
