@@ -4,8 +4,10 @@ section per experiment (sections.py), the run-time line."""
 
 import os
 
+from lingshard.experiments import experts
 from lingshard.experiments import page_parts as pp
 from lingshard.experiments import probe
+from lingshard.experiments import regime
 from lingshard.experiments import sections as sec
 
 
@@ -31,7 +33,9 @@ def Write(out_dir, data_dir):
               ('speed', lambda r: sec.Speed(r, res_dir)),
               ('gpipe', lambda r: sec.Gpipe(r, res_dir)),
               ('lm', lambda r: sec.Lm(r, res_dir)),
-              ('probe', lambda r: probe.Section(r, res_dir)))
+              ('probe', lambda r: probe.Section(r, res_dir)),
+              ('regime', lambda r: regime.Section(r, res_dir)),
+              ('experts', lambda r: experts.Section(r, res_dir)))
   for name, render in sections:
     res = pp.Load(res_dir, name)
     if res is None:

@@ -24,7 +24,10 @@ every arm).
 import json
 import os
 
+from lingshard.experiments import page_parts as pp
+from lingshard.experiments import plots
 from lingshard.experiments import runs as runs_lib
+from lingshard.tools import count_params
 
 TASKS = (('mt', (('dense', 'm4.TinyDenseLarge'), ('moe', 'm4.TinyMoELarge'))),
          ('lm', (('dense', 'lm1b.TinyLSTMLarge'), ('moe',
@@ -115,3 +118,155 @@ def Regime(ctx):
               corpora=CorpusFacts(mt_dir, lm_dir),
               wall_tolerance=WALL_TOLERANCE, tasks=tasks,
               runs=runner.RunAll(runs))
+
+
+# ------------------------------------------------------------------ page
+TASK_TITLES = dict(mt='Translation (M4 analogue)', lm='Language model '
+                   '(Shazeer App. C analogue)')
+
+
+def _Arms(res, task):
+  """{arm: [run result]} of a task, dense first."""
+  return {arm: pp.Runs(res, f'regime_{task}_{arm}')
+          for arm in res['tasks'][task]['arms']}
+
+
+def _Slope(runs, steps):
+  """Mean change of dev log-pplx per 1,000 steps between the last two
+  evaluations up to `steps`: how fast an arm still improves at the
+  budget's end."""
+  d = []
+  for r in runs:
+    pts = [(p['step'], p['log_pplx']) for p in r['curve']
+           if p['step'] <= steps]
+    if len(pts) > 1 and pts[-1][0] == steps:
+      (s0, v0), (s1, v1) = pts[-2:]
+      d.append((v1 - v0) * 1000 / (s1 - s0))
+  return pp.MeanSd(d)[0] if d else None
+
+
+def _Gaps(runs, steps):
+  """[(step, mean MoE - dense dev log-pplx)] at the eval steps both have."""
+  out = []
+  for point in runs['dense'][0]['curve'] if runs['dense'] else []:
+    s = point['step']
+    if s > steps:
+      continue
+    moe = pp.MeanSd([pp.CurveAt(r, s) for r in runs['moe']])[0]
+    dense = pp.MeanSd([pp.CurveAt(r, s) for r in runs['dense']])[0]
+    if moe is not None and dense is not None:
+      out.append((s, moe - dense))
+  return out
+
+
+def _TaskLines(res, task):
+  """The task's table, verdicts and the numbers its reading uses; returns
+  (lines, MoE wins at equal wall-clock?)."""
+  steps, info = res['steps'], res['tasks'][task]['arms']
+  runs = _Arms(res, task)
+  dense_ms = info['dense']['ms_per_step']
+  head = ['arm', 'config key', 'weights', 'matmul FLOPs / token',
+          'ms/step (graph)', 'vs dense', 'steps at equal wall-clock',
+          f'dev log-pplx @ {steps}', 'dev log-pplx @ equal wall-clock']
+  if task == 'mt':
+    head += [f'chrF unseen @ {steps}', f'chrF seen @ {steps}',
+             'chrF unseen @ equal wall-clock']
+  rows = []
+  for arm, a in info.items():
+    counts = count_params.CountModel(a['model'])
+    wall = a['wall_steps']
+    row = [arm, f'`{a["model"]}`', f'{counts.total / 1e6:.2f}M',
+           f'{counts.flops_per_token:,}', f'{a["ms_per_step"]:.1f}',
+           f'{a["ms_per_step"] / dense_ms:.3f}', f'{wall:,}',
+           pp.Fmt([pp.CurveAt(r, steps) for r in runs[arm]], 3),
+           pp.Fmt([pp.CurveAt(r, wall) for r in runs[arm]], 3)]
+    if task == 'mt':
+      row += [pp.Fmt([pp.Score(r, sp, st) for r in runs[arm]])
+              for sp, st in ((pp.SPLITS[0], steps), (pp.SPLITS[1], steps),
+                             (pp.SPLITS[0], wall))]
+    rows.append(row)
+  lines = [f'### {TASK_TITLES[task]}', ''] + pp.Table(head, rows)
+  at = {label: {arm: [pp.CurveAt(r, st(arm)) for r in runs[arm]]
+                for arm in info}
+        for label, st in (('equal steps', lambda a: steps),
+                          ('equal wall-clock',
+                           lambda a: info[a]['wall_steps']))}
+  for label, vals in at.items():
+    lines.append('- ' + pp.Verdict(vals['moe'], vals['dense'], False, 'MoE',
+                                   'dense', f'dev log-pplx at {label}'))
+  if task == 'mt':
+    for sp in pp.SPLITS:
+      lines.append('- ' + pp.Verdict(
+          [pp.Score(r, sp, info['moe']['wall_steps']) for r in runs['moe']],
+          [pp.Score(r, sp, steps) for r in runs['dense']], True, 'MoE',
+          'dense', f'chrF {sp} at equal wall-clock'))
+  wins = pp.Claim(at['equal wall-clock']['moe'],
+                  at['equal wall-clock']['dense'], False) > 0
+  tokens = pp.MeanSd([r['tgt_tokens_per_step'] for rs in runs.values()
+                      for r in rs])[0]
+  gaps = _Gaps(runs, steps)
+  slopes = {arm: _Slope(runs[arm], steps)
+            for arm in info}
+  seen = (f'~{steps * tokens / 1e6:.1f}M target tokens seen per run'
+          if tokens else 'target tokens per step not recorded')
+  if task == 'lm' and tokens:
+    seen += (f', {steps * tokens / res["corpora"]["lm"]["words"]["train"]:.2f}'
+             ' epochs of the training words')
+  slope = ', '.join(f'{arm} {v:+.3f}' for arm, v in slopes.items()
+                    if v is not None)
+  lines += [f'- Budget: {steps:,} steps, {seen}. MoE − dense dev log-pplx '
+            'by step (mean over seeds): ' + ', '.join(
+                f'{s:,} {g:+.3f}' for s, g in gaps) + '.' + (
+                    ' Change of dev log-pplx over the last evaluation '
+                    f'interval, per 1,000 steps: {slope}.' if slope else ''),
+            '']
+  return lines, wins
+
+
+def Section(res, res_dir):
+  """The page's section: (markdown lines, PNG paths)."""
+  mt, lm = res['corpora']['mt'], res['corpora']['lm']
+  lines = ['## 8. A larger-data regime: MoE vs its FLOP-matched twin on the '
+           'large corpora (issue 31)', ''] + pp.Header(res)
+  lines += [
+      f'Corpora: `{res["mt_dir"]}` ({mt["english_strings"]:,} distinct '
+      f'English strings, {mt["splits"]["train"]["pairs"]:,} training pairs, '
+      f'{mt["languages"]} languages) and `{res["lm_dir"]}` '
+      f'({lm["words"]["train"]:,} training words, a {lm["vocab_size"]:,}-'
+      f'word vocabulary). Every arm trains {res["steps"]:,} steps, seeds '
+      f'{res["seeds"]} (initialisation, routing randomness, data order), '
+      'with its registered settings. *Equal wall-clock*: the time the dense '
+      'arm takes for those steps at each arm\'s step time, measured '
+      'interleaved by `scripts/bench_step.py` on the task\'s corpus in TF '
+      'graph mode (as the runs train; budgets within '
+      f'{res["wall_tolerance"]:.0%} count as the step budget). Dev sets: '
+      f'every {res["dev_every"]}th row of the corpora\'s dev splits (MT: '
+      '`dev_unseen_en` for log-perplexity, both dev splits decoded greedily '
+      'for chrF); the same rows for every arm.', '']
+  pngs, wins = [], []
+  for task in [t for t, _ in TASKS if t in res['tasks']]:
+    task_lines, won = _TaskLines(res, task)
+    lines += task_lines
+    if won:
+      wins.append(TASK_TITLES[task])
+    runs = _Arms(res, task)
+    png = plots.Curves(
+        os.path.join(res_dir, f'regime_{task}_curves.png'),
+        {res['tasks'][task]['arms'][a]['model']: [r['curve'] for r in rs]
+         for a, rs in runs.items()},
+        f'{TASK_TITLES[task]}: dev log-pplx vs steps, mean ± sd over seeds')
+    lines += [f'![regime {task}](results/{os.path.basename(png)})', '']
+    pngs.append(png)
+  if wins:
+    answer = ('MoE beats its FLOP-matched dense twin on dev log-perplexity '
+              'at equal wall-clock beyond the seed spread in: ' +
+              ', '.join(wins) + '.')
+  else:
+    answer = ('in neither task does MoE beat its FLOP-matched dense twin on '
+              'dev log-perplexity at equal wall-clock beyond the seed '
+              'spread (the numbers above say by how much and which way).')
+  lines += [f'**Answer: {answer}**', '']
+  cmds = pp.Commands(res)
+  cmds[3:3] = [res['tasks'][t]['bench']['command'] for t, _ in TASKS
+               if t in res['tasks']]
+  return lines + cmds, pngs

@@ -24,6 +24,8 @@ docs/results/. Experiments (names for --only):
                small training subset, training loss at equal steps
   regime       issue 31's experiment: MoE vs its FLOP-matched dense twin on
                the large corpora (MT and LM), equal steps and wall-clock
+  experts      per-expert specialisation (languages, tokens) of regime's
+               MoE runs (their checkpoints in --work_dir)
 
 Each experiment writes docs/results/<name>.json (every run's commands,
 config key, seed, overrides and measurements, the revision); the page is
@@ -46,6 +48,7 @@ import subprocess
 import sys
 import time
 
+from lingshard.experiments import experts
 from lingshard.experiments import page as page_lib
 from lingshard.experiments import page_parts
 from lingshard.experiments import probe
@@ -63,7 +66,7 @@ PACKAGE_PATHS = ('lingshard', ':(exclude)lingshard/experiments')
 # Run order: the timing benchmarks first (each with the machine to itself),
 # the headline experiment next.
 EXPERIMENTS = ('speed', 'conditional', 'capacity', 'balance', 'depth', 'lm',
-               'gpipe', 'probe', 'regime')
+               'gpipe', 'probe', 'regime', 'experts')
 DENSE = 'm4.TinyDense'
 MOE_ARMS = (('E4', 'm4.TinyMoE4E'), ('E8', 'm4.TinyMoE'),
             ('E16', 'm4.TinyMoE16E'), ('E32', 'm4.TinyMoE32E'))
@@ -383,13 +386,15 @@ def Lm(ctx):
 
 RUNNERS = dict(conditional=Conditional, depth=Depth, balance=Balance,
                capacity=Capacity, speed=Speed, gpipe=Gpipe, lm=Lm,
-               probe=probe.Probe, regime=regime.Regime)
+               probe=probe.Probe, regime=regime.Regime,
+               experts=experts.Experts)
 
 
 class Context:
 
   def __init__(self, args):
-    self.cfg = CONFIGS['quick' if args.quick else 'full']
+    self.mode = 'quick' if args.quick else 'full'
+    self.cfg = CONFIGS[self.mode]
     self.data_dir, self.out_dir = args.data_dir, args.out_dir
     self.work_dir = args.work_dir
     self.params_override = ';'.join(

@@ -1,0 +1,186 @@
+"""Issue 31's experiment on the evidence page (lingshard/experiments/
+regime.py, experts.py): equal wall-clock budgets, the LM dev subset, the
+commands the runs and the specialisation counts are made with, and the
+section's answer under the page's claim rule."""
+
+import json
+import math
+import os
+import shlex
+
+import pytest
+
+from lingshard.experiments import experts
+from lingshard.experiments import regime
+from lingshard.experiments import runs as runs_lib
+
+
+def test_equal_wall_clock_steps_scale_by_the_step_time_ratio():
+  # An arm 25% slower than dense gets 4/5 of the steps in dense's time.
+  assert regime.WallSteps(5000, 125.0, 100.0) == 4000
+  assert regime.WallSteps(5000, 80.0, 100.0) == 6250
+  # Within 3% of the budget: the budget itself (one eval point).
+  assert regime.WallSteps(5000, 102.0, 100.0) == 5000
+  assert regime.WallSteps(5000, 97.5, 100.0) == 5000
+  assert regime.WallSteps(10, 1e6, 1.0) == 1
+
+
+def test_the_lm_dev_subset_keeps_every_nth_line_in_order(tmp_path):
+  lm = tmp_path / 'lm'
+  lm.mkdir()
+  (lm / 'dev.txt').write_text(''.join(f'line {i}\n' for i in range(10)),
+                              encoding='utf-8')
+  path = regime.LmDevSubset(str(lm), str(tmp_path / 'work'), 4)
+  with open(path, encoding='utf-8') as f:
+    assert f.read() == 'line 0\nline 4\nline 8\n'
+
+
+def test_an_lm_run_evaluates_on_its_eval_file_and_trains_on_the_corpus():
+  runner = runs_lib.Runner('w', 'mt', 'lmdir', workers=1)
+  run = runs_lib.Run('regime_lm_moe_s1', 'lm1b.TinyMoELarge', 1, [20, 10],
+                     runs_lib.SeedOverrides(1), eval_every=10, data='lm',
+                     eval_file='w/regime/lm_dev_every_4.txt')
+  cmds = runner.Commands(run)
+  assert [(k, s) for k, s, _ in cmds] == [('train', 10), ('train', 20)]
+  argv = cmds[0][2]
+  assert ("--eval_params_override=input.file_pattern="
+          "'w/regime/lm_dev_every_4.txt'") in argv
+  assert ("--params_override=input.file_pattern='lmdir/train.txt';"
+          "input.vocab='lmdir/vocab.txt';") in ' '.join(argv)
+  # Without eval_file: the corpus's dev split, and an unchanged spec (so
+  # recorded LM runs stay reusable).
+  plain = runs_lib.Run('lm_moe_s1', 'lm1b.TinyMoE', 1, [10], data='lm')
+  assert ("--eval_params_override=input.file_pattern='lmdir/dev.txt'"
+          in runner.Commands(plain)[0][2])
+  assert 'eval_file' not in plain.Spec()
+
+
+def test_corpus_facts_come_from_the_manifests(tmp_path):
+  mt, lm = tmp_path / 'mt', tmp_path / 'lm'
+  mt.mkdir()
+  lm.mkdir()
+  (mt / 'manifest.json').write_text(json.dumps(dict(
+      english_strings=7, unique_pairs=30, languages=3, splits=dict(
+          train=dict(pairs=25, english_strings=6, languages=3,
+                     noph_pairs=1)))), encoding='utf-8')
+  (lm / 'manifest.json').write_text(json.dumps(dict(
+      vocab_size=104, splits=dict(train=dict(words=900, sentences=9),
+                                  dev=dict(words=50, sentences=2)))),
+                                    encoding='utf-8')
+  assert regime.CorpusFacts(str(mt), str(lm)) == dict(
+      mt=dict(english_strings=7, unique_pairs=30, languages=3,
+              splits=dict(train=dict(pairs=25, english_strings=6))),
+      lm=dict(words=dict(train=900, dev=50), vocab_size=104))
+
+
+def test_the_usage_command_reuses_the_runs_flags():
+  argv = ['python', '-m', 'lingshard.trainer', '--model=m4.TinyMoELarge',
+          '--logdir=w/regime_mt_moe_s2', '--mode=train_and_eval', '--nojit',
+          '--seed=2', '--max_steps=50',
+          "--params_override=input.file_pattern='d/train.tsv';input.seed=1002",
+          "--eval_params_override=input.file_pattern='w/dev/dev.tsv'"]
+  cmd = experts.UsageCommand(runs_lib.Shown(argv), 'w/regime_mt_moe_s2',
+                             'w/u.json', python='py')
+  assert cmd == [
+      'py', '-m', 'lingshard.tools.expert_usage',
+      '--logdir=w/regime_mt_moe_s2', '--json=w/u.json',
+      '--model=m4.TinyMoELarge',
+      "--params_override=input.file_pattern='d/train.tsv';input.seed=1002",
+      "--eval_params_override=input.file_pattern='w/dev/dev.tsv'",
+      '--seed=2']
+  with pytest.raises(ValueError, match='^no --seed in the run command '):
+    experts.UsageCommand(shlex.join(argv[:7]), 'l', 'j')
+
+
+def test_the_summary_measures_specialisation_in_bits():
+  # Two languages, two experts: each language only ever picks its own
+  # expert, so I(expert; language) = H(language) = 1 bit.
+  counts = dict(expert=[6, 6], lang=dict(de=[6, 0], fr=[0, 6]),
+                token={'1': [3, 3], '2': [3, 3]})
+  usage = dict(layers={'enc/layer_001/moe': dict(
+      gate='MoELayer', num_experts=2, choices_per_token=2, real_tokens=12,
+      dropped_choices=0, first=counts, all=counts)})
+  s = experts.Summary(usage)['enc/layer_001/moe']
+  assert s['lang']['mi'] == pytest.approx(1.0)
+  assert s['lang']['entropy'] == pytest.approx(1.0)
+  # Tokens independent of the expert: no information.
+  assert s['token']['mi'] == pytest.approx(0.0)
+  assert s['token']['chance'] == pytest.approx(1 / (2 * 12 * math.log(2)))
+  assert s['shares'] == [0.5, 0.5]
+
+
+def _Run(curve, chrf=None):
+  scores = {}
+  if chrf:
+    scores = {sp: {str(s): dict(average=dict(chrf=v, bleu=0.0), languages={})
+                   for s, v in chrf.items()}
+              for sp in ('dev_unseen_en', 'dev_seen_en')}
+  return dict(curve=[dict(step=s, log_pplx=v) for s, v in curve],
+              scores=scores, routing={}, tgt_tokens_per_step=100.0,
+              commands=['python -m lingshard.trainer --model=x'])
+
+
+def _Result():
+  runs = {}
+  for seed, jitter in ((1, 0.0), (2, 0.01), (3, -0.01)):
+    # MT: MoE 0.2 nats ahead at every step (also at its equal wall-clock
+    # stop 80); LM: level.
+    runs[f'regime_mt_dense_s{seed}'] = _Run(
+        [(50, 4.0 + jitter), (100, 3.5 + jitter)], {100: 30.0})
+    runs[f'regime_mt_moe_s{seed}'] = _Run(
+        [(50, 3.8 + jitter), (80, 3.4 + jitter), (100, 3.3 + jitter)],
+        {80: 33.0, 100: 34.0})
+    runs[f'regime_lm_dense_s{seed}'] = _Run(
+        [(50, 6.0 + jitter), (100, 5.5 + jitter)])
+    runs[f'regime_lm_moe_s{seed}'] = _Run(
+        [(50, 6.0 - jitter), (100, 5.5 - jitter)])
+  arms = lambda task: dict(  # noqa: E731
+      dense=dict(model=dict(mt='m4.TinyDenseLarge',
+                            lm='lm1b.TinyLSTMLarge')[task],
+                 ms_per_step=100.0, wall_steps=100),
+      moe=dict(model=dict(mt='m4.TinyMoELarge', lm='lm1b.TinyMoELarge')[task],
+               ms_per_step=125.0 if task == 'mt' else 100.0,
+               wall_steps=80 if task == 'mt' else 100))
+  return dict(
+      steps=100, seeds=[1, 2, 3], dev_every=4, mt_dir='data/ui_m4_large',
+      lm_dir='data/lm_en_large', wall_tolerance=0.03,
+      corpora=dict(mt=dict(english_strings=19868, unique_pairs=408206,
+                           languages=118, splits=dict(train=dict(
+                               pairs=378866, english_strings=19043))),
+                   lm=dict(words=dict(train=3238733), vocab_size=10004)),
+      tasks={t: dict(arms=arms(t), bench=dict(command=f'bench {t}'))
+             for t in ('mt', 'lm')},
+      runs=runs, command='python -m lingshard.experiments --only regime',
+      mode='full', revision='abc1234', date='2026-11-26', seconds=60.0)
+
+
+def test_the_section_answers_by_the_claim_rule_at_equal_wall_clock(tmp_path):
+  lines, pngs = regime.Section(_Result(), str(tmp_path))
+  page = '\n'.join(lines)
+  assert ('**Answer: MoE beats its FLOP-matched dense twin on dev '
+          'log-perplexity at equal wall-clock beyond the seed spread in: '
+          'Translation (M4 analogue).**') in page
+  # MT at equal wall-clock: MoE at its step 80 against dense at 100.
+  assert ('- dev log-pplx at equal wall-clock: **MoE is better** (MoE 3.400 '
+          'vs dense 3.500; |Δ| 0.100 > seed spread 0.020).') in page
+  assert ('- chrF dev_unseen_en at equal wall-clock: **MoE is better** (MoE '
+          '33.000 vs dense 30.000') in page
+  # LM level: no claim; the reading's numbers are the section's own.
+  assert ('- dev log-pplx at equal steps: no difference beyond the seed '
+          'spread (MoE 5.500 vs dense 5.500') in page
+  assert ('- Budget: 100 steps, ~0.0M target tokens seen per run, 0.00 '
+          'epochs of the training words. MoE − dense dev log-pplx by step '
+          '(mean over seeds): 50 +0.000, 100 +0.000. Change of dev log-pplx '
+          'over the last evaluation interval, per 1,000 steps: dense '
+          '-10.000, moe -10.000.') in page
+  assert page.index('### Translation') < page.index('### Language model')
+  assert [os.path.basename(p) for p in pngs] == [
+      'regime_mt_curves.png', 'regime_lm_curves.png']
+  assert all(os.path.getsize(p) > 0 for p in pngs)
+  assert 'bench mt\nbench lm\n# regime_lm_dense_s1' in page
+
+  res = _Result()
+  for seed in (1, 2, 3):  # MT MoE now level with dense at its stop 80.
+    res['runs'][f'regime_mt_moe_s{seed}']['curve'][1]['log_pplx'] = 3.5
+  page = '\n'.join(regime.Section(res, str(tmp_path))[0])
+  assert '**Answer: in neither task does MoE beat' in page
