@@ -98,7 +98,9 @@ def Regime(ctx):
   tasks, runs = {}, []
   for task, arms in TASKS:
     bench = ctx.bench([m for _, m in reversed(arms)], cfg['regime_bench_mode'],
-                      data_dir=mt_dir if task == 'mt' else lm_dir)
+                      data_dir=mt_dir if task == 'mt' else lm_dir,
+                      reps=cfg['regime_bench_reps'],
+                      batches=cfg['regime_bench_batches'])
     ms = bench['ms_per_step']
     ms_dense = ms[arms[0][1].split('.')[-1]]
     info = {}

@@ -87,10 +87,13 @@ PROBE_EVAL_EVERY = 250
 # The regime experiment (regime.py): steps per run, eval interval, seeds,
 # dev rows kept (every n-th) and the corpora. From one-seed pilots on the
 # large corpora (7,000+ steps, logs in the issue 31 notes) and the machine
-# time of 12 runs: 5,000 steps (~19 min a run, two at a time).
+# time of 12 runs: 5,000 steps (~19 min a run, two at a time). The step
+# benchmark: 5 reps of 24 batches (the LM's MoE/LSTM ratio varied from
+# 0.79 to 1.08 over 3 reps of 12 batches, 0.90-0.91 over 5 of 24).
 REGIME = dict(regime_steps=5000, regime_eval_every=1000, regime_seeds=(1, 2, 3),
               regime_dev_every=4, regime_mt_dir='data/ui_m4_large',
-              regime_lm_dir='data/lm_en_large', regime_bench_mode='graph')
+              regime_lm_dir='data/lm_en_large', regime_bench_mode='graph',
+              regime_bench_reps=5, regime_bench_batches=24)
 
 # steps: the MT runs' step budget (equal-steps comparisons); seeds: of
 # conditional, lm and the reference arms of depth / balance; sweep_seeds:
@@ -130,7 +133,8 @@ CONFIGS = {
                   # paths overridden), every 50th dev row.
                   **dict(REGIME, regime_steps=10, regime_eval_every=10,
                          regime_seeds=(1,), regime_dev_every=50,
-                         regime_mt_dir=None, regime_lm_dir=None)),
+                         regime_mt_dir=None, regime_lm_dir=None,
+                         regime_bench_reps=1, regime_bench_batches=2)),
 }
 
 
@@ -183,14 +187,16 @@ def _Script(ctx, argv, log_name):
   return _Shown(cmd), proc.stdout
 
 
-def BenchStep(ctx, models, mode, variants=(), data_dir=None):
+def BenchStep(ctx, models, mode, variants=(), data_dir=None, reps=None,
+              batches=None):
   """{variant name: ms/step} from scripts/bench_step.py (interleaved), on
-  `data_dir` (default: the translation corpus)."""
+  `data_dir` (default: the translation corpus), `reps` x `batches`
+  (default: the mode's bench_step_reps / _batches)."""
   cfg = ctx.cfg
   data_dir = data_dir or ctx.data_dir
   argv = ['scripts/bench_step.py', '--models', *models, '--modes', mode,
-          '--reps', str(cfg['bench_step_reps']), '--batches',
-          str(cfg['bench_step_batches']), '--data_dir', data_dir]
+          '--reps', str(reps or cfg['bench_step_reps']), '--batches',
+          str(batches or cfg['bench_step_batches']), '--data_dir', data_dir]
   if ctx.params_override and data_dir == ctx.data_dir:
     argv.append(f'--params_override={ctx.params_override}')
   for v in variants:
