@@ -184,3 +184,61 @@ def test_the_section_answers_by_the_claim_rule_at_equal_wall_clock(tmp_path):
     res['runs'][f'regime_mt_moe_s{seed}']['curve'][1]['log_pplx'] = 3.5
   page = '\n'.join(regime.Section(res, str(tmp_path))[0])
   assert '**Answer: in neither task does MoE beat' in page
+
+
+def test_the_plan_trains_every_seed_of_both_arms_to_both_budgets(
+    tmp_path, monkeypatch):
+  mt, lm = tmp_path / 'mt', tmp_path / 'lm'
+  for d in (mt, lm):
+    d.mkdir()
+  (mt / 'train.tsv').write_text('', encoding='utf-8')
+  for split in runs_lib.DEV_SPLITS:
+    (mt / f'{split}.tsv').write_text('a\tb\tc\n' * 8, encoding='utf-8')
+  (mt / 'manifest.json').write_text(json.dumps(dict(
+      english_strings=1, unique_pairs=1, languages=1, splits={})),
+                                    encoding='utf-8')
+  (lm / 'train.txt').write_text('', encoding='utf-8')
+  (lm / 'dev.txt').write_text('w\n' * 8, encoding='utf-8')
+  (lm / 'manifest.json').write_text(json.dumps(dict(vocab_size=5, splits={})),
+                                    encoding='utf-8')
+  benches = []
+
+  def Bench(models, mode, data_dir, reps, batches):
+    benches.append((models, mode, data_dir, reps, batches))
+    slow = {'TinyMoELarge': 125.0 if data_dir == str(mt) else 90.0}
+    return dict(command='bench', ms_per_step={
+        m.split('.')[-1]: slow.get(m.split('.')[-1], 100.0) for m in models})
+
+  monkeypatch.setattr(runs_lib.Runner, 'RunAll',
+                      lambda self, runs: {r.name: (r, self) for r in runs})
+  cfg = dict(regime_steps=100, regime_eval_every=50, regime_seeds=(1, 2),
+             regime_dev_every=4, regime_mt_dir=str(mt),
+             regime_lm_dir=str(lm), regime_bench_mode='graph',
+             regime_bench_reps=5, regime_bench_batches=24)
+  ctx = type('Ctx', (), dict(
+      cfg=cfg, work_dir=str(tmp_path / 'w'), params_override='',
+      bench=staticmethod(Bench), runner=runs_lib.Runner('x', 'y', 'z', 2)))
+  res = regime.Regime(ctx)
+  assert benches == [
+      (['m4.TinyMoELarge', 'm4.TinyDenseLarge'], 'graph', str(mt), 5, 24),
+      (['lm1b.TinyMoELarge', 'lm1b.TinyLSTMLarge'], 'graph', str(lm), 5, 24)]
+  assert res['tasks']['mt']['arms']['moe']['wall_steps'] == 80
+  assert res['tasks']['lm']['arms']['moe']['wall_steps'] == 111
+  assert sorted(res['runs']) == sorted(
+      f'regime_{t}_{a}_s{s}' for t in ('mt', 'lm') for a in ('dense', 'moe')
+      for s in (1, 2))
+  run, runner = res['runs']['regime_mt_moe_s2']
+  assert (run.model, run.seed, run.stops, run.decode, run.data) == (
+      'm4.TinyMoELarge', 2, [80, 100], True, 'mt')
+  assert runner.data_dir == str(mt) and runner.lm_data_dir == str(lm)
+  assert runner.dev_dir == str(tmp_path / 'w' / 'regime' / 'dev_every_4')
+  run, _ = res['runs']['regime_lm_moe_s1']
+  assert (run.model, run.stops, run.decode, run.eval_file) == (
+      'lm1b.TinyMoELarge', [100, 111], False,
+      str(tmp_path / 'w' / 'regime' / 'lm_dev_every_4.txt'))
+  assert res['runs']['regime_lm_dense_s1'][0].stops == [100]
+
+  os.remove(lm / 'train.txt')
+  with pytest.raises(SystemExit, match=r'regime: .*lm/train.txt is missing; '
+                     'build the large corpora first: '):
+    regime.Regime(ctx)
