@@ -1,8 +1,16 @@
-"""Per-expert specialisation of the regime experiment's MoE runs (issue 31;
-Shazeer et al. App. E, Table 9: experts "highly specialized by syntax
-and/or semantics").
+"""What the regime experiment's extra expert weights hold (issue 31): the
+fit to the training data, and per-expert specialisation (Shazeer et al.
+App. E, Table 9: experts "highly specialized by syntax and/or
+semantics").
 
-For every MoE run of `regime` (its final checkpoint in --work_dir),
+Training fit: every regime run's training-mode log-perplexity (the
+trainer's `log_pplx` summaries, unsmoothed, on its own training batches)
+averaged over the last quarter of the step budget, beside its dev
+log-perplexity at the budget: extra parameters that fit the training data
+better without a lower dev value are memorising, not generalising.
+
+Specialisation: for every MoE run of `regime` (its final checkpoint in
+--work_dir),
 `python -m lingshard.tools.expert_usage` restores the weights with the
 run's own flags and counts, over the run's dev subset, which expert each
 real token\'s first choice goes to, by language (MT) and by token. The page
@@ -62,6 +70,13 @@ def Summary(usage):
   return out
 
 
+def TrainFit(train_dir, steps):
+  """Mean training log-pplx over the summaries after 3/4 of `steps`."""
+  vals = [v for s, v in runs_lib.Events(train_dir).get('log_pplx', [])
+          if 0.75 * steps < s <= steps]
+  return sum(vals) / len(vals) if vals else None
+
+
 def Experts(ctx):
   """Runs expert_usage on each regime MoE run; returns the result."""
   regime_res = pp.Load(os.path.join(ctx.out_dir, 'results'), 'regime')
@@ -97,9 +112,16 @@ def Experts(ctx):
                 examples=usage['examples'], layers=Summary(usage),
                 table=table)
 
+  fit = {name: TrainFit(os.path.join(ctx.work_dir, name, 'train'),
+                        regime_res['steps'])
+         for name in sorted(regime_res['runs'])}
   with concurrent.futures.ThreadPoolExecutor(ctx.runner.workers) as pool:
     results = dict(zip(jobs, pool.map(Execute, jobs)))
-  return dict(regime_revision=regime_res['revision'], usage=results)
+  return dict(regime_revision=regime_res['revision'],
+              steps=regime_res['steps'], train_log_pplx=fit,
+              dev_log_pplx={name: pp.CurveAt(run, regime_res['steps'])
+                            for name, run in regime_res['runs'].items()},
+              usage=results)
 
 
 
@@ -111,13 +133,41 @@ def _Bits(values):
   return pp.Fmt(values, 3)
 
 
+def _FitLines(res):
+  """The training-fit table and its verdicts."""
+  steps, fit, dev = res['steps'], res['train_log_pplx'], res['dev_log_pplx']
+  lines = ['**Training fit.** Training-mode log-perplexity on the runs\' '
+           f'own batches, mean over steps {0.75 * steps:,.0f}–{steps:,} '
+           '(dropout and routing noise on), against dev log-perplexity at '
+           f'{steps:,} steps (mean ± sd over seeds):', '']
+  rows, verdicts = [], []
+  for task in ('mt', 'lm'):
+    vals = {}
+    for arm in ('dense', 'moe'):
+      names = sorted(n for n in fit if n.startswith(f'regime_{task}_{arm}_s'))
+      if not names:
+        continue
+      vals[arm] = [fit[n] for n in names]
+      gap = [dev[n] - fit[n] for n in names if None not in (dev[n], fit[n])]
+      rows.append([TASK_NAMES[task], arm, pp.Fmt(vals[arm], 3),
+                   pp.Fmt([dev[n] for n in names], 3), pp.Fmt(gap, 3)])
+    if len(vals) == 2:
+      verdicts.append(f'- {TASK_NAMES[task]}: ' + pp.Verdict(
+          vals['moe'], vals['dense'], False, 'MoE', 'dense',
+          'training log-pplx'))
+  return lines + pp.Table(['task', 'arm', 'training log-pplx',
+                           f'dev log-pplx @ {steps:,}', 'dev − training'],
+                          rows) + verdicts + ['']
+
+
 def Section(res, res_dir):  # pylint: disable=unused-argument
   """The page's section: (markdown lines, PNG paths)."""
   usage = res['usage']
-  lines = ['## 9. Which languages and tokens each expert gets (issue 31; '
-           'Shazeer App. E)', ''] + pp.Header(res)
+  lines = ['## 9. What the expert weights hold: training fit and per-expert '
+           'specialisation (issue 31; Shazeer App. E)', ''] + pp.Header(res)
+  lines += _FitLines(res)
   lines += [
-      'Each MoE run of section 8 (revision '
+      '**Specialisation.** Each MoE run of section 8 (revision '
       f'`{res["regime_revision"][:7]}`), its final checkpoint restored by '
       '`python -m lingshard.tools.expert_usage` with the run\'s flags, over '
       'its dev subset: every real token\'s first choice counted by the '

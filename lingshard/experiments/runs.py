@@ -227,7 +227,7 @@ class Runner:
     return results
 
 
-def _Events(train_dir):
+def Events(train_dir):
   """{tag: [(step, float)]} of the scalar summaries in `train_dir`."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   out = {}
@@ -262,7 +262,7 @@ def Collect(logdir, run):
             average=s['average'], languages={
                 lang: dict(chrf=v['chrf'], bleu=v['bleu'], n=v['n'])
                 for lang, v in s['languages'].items()})
-  events = _Events(os.path.join(logdir, 'train'))
+  events = Events(os.path.join(logdir, 'train'))
   last = run.stops[-1]
   routing = {}
   for key in ROUTING_KEYS:

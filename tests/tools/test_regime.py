@@ -242,3 +242,33 @@ def test_the_plan_trains_every_seed_of_both_arms_to_both_budgets(
   with pytest.raises(SystemExit, match=r'regime: .*lm/train.txt is missing; '
                      'build the large corpora first: '):
     regime.Regime(ctx)
+
+
+def test_the_experts_section_reads_training_fit_against_dev():
+  names = [f'regime_{t}_{a}_s{s}' for t in ('mt', 'lm')
+           for a in ('dense', 'moe') for s in (1, 2, 3)]
+  # MT: MoE fits its training batches 0.1 lower, but is 0.05 worse on dev.
+  fit = {n: (2.0 if '_moe_' in n else 2.1) + 0.01 * int(n[-1])
+         for n in names}
+  dev = {n: (3.25 if '_moe_' in n else 3.2) + 0.01 * int(n[-1])
+         for n in names}
+  counts = dict(expert=[3, 1], lang=dict(de=[3, 0], fr=[0, 1]),
+                token={'5': [3, 1]})
+  layer = dict(gate='MoELayer', num_experts=2, k=2, real_tokens=4,
+               dropped_choices=0, shares=[0.75, 0.25], lang=dict(
+                   mi=0.811, chance=0.18, entropy=0.811))
+  usage = {n: dict(command=f'python -m lingshard.tools.expert_usage # {n}',
+                   table=f'table of {n}', layers={'enc/layer_001/moe': layer})
+           for n in names if '_moe_' in n}
+  res = dict(regime_revision='abc1234def', steps=5000, train_log_pplx=fit,
+             dev_log_pplx=dev, usage=usage, command='c', mode='full',
+             revision='r', date='d', seconds=60.0)
+  page = '\n'.join(experts.Section(res, '.')[0])
+  assert ('| translation | moe | 2.020 ± 0.010 | 3.270 ± 0.010 | 1.250 ± '
+          '0.000 |') in page
+  assert ('- translation: training log-pplx: **MoE is better** (MoE 2.020 vs '
+          'dense 2.120; |Δ| 0.100 > seed spread 0.020).') in page
+  assert ('| translation | `enc/layer_001/moe` | 2, top-2 | 4 | 0.811 ± 0.000 '
+          '(chance 0.180 ± 0.000; H 0.81) | — | 75.0% | 3 |') in page
+  assert '```\ntable of regime_mt_moe_s1\n```' in page
+  assert 'python -m lingshard.tools.expert_usage # regime_lm_moe_s3' in page
