@@ -117,6 +117,7 @@ def _Run(curve, chrf=None):
               for sp in ('dev_unseen_en', 'dev_seen_en')}
   return dict(curve=[dict(step=s, log_pplx=v) for s, v in curve],
               scores=scores, routing={}, tgt_tokens_per_step=100.0,
+              command_seconds=[60.0, 30.0],
               commands=['python -m lingshard.trainer --model=x'])
 
 
@@ -140,7 +141,11 @@ def _Result():
                  ms_per_step=100.0, wall_steps=100),
       moe=dict(model=dict(mt='m4.TinyMoELarge', lm='lm1b.TinyMoELarge')[task],
                ms_per_step=125.0 if task == 'mt' else 100.0,
-               wall_steps=80 if task == 'mt' else 100))
+               wall_steps=80 if task == 'mt' else 100,
+               jit_ms_per_step=190.0, jit_wall_steps=53))
+  arms_jit = lambda task: dict(  # noqa: E731
+      arms(task), dense=dict(arms(task)['dense'], jit_ms_per_step=100.0,
+                             jit_wall_steps=100))
   return dict(
       steps=100, seeds=[1, 2, 3], dev_every=4, mt_dir='data/ui_m4_large',
       lm_dir='data/lm_en_large', wall_tolerance=0.03,
@@ -148,7 +153,8 @@ def _Result():
                            languages=118, splits=dict(train=dict(
                                pairs=378866, english_strings=19043))),
                    lm=dict(words=dict(train=3238733), vocab_size=10004)),
-      tasks={t: dict(arms=arms(t), bench=dict(command=f'bench {t}'))
+      tasks={t: dict(arms=arms_jit(t), bench=dict(command=f'bench {t}'),
+                     bench_jit=dict(command=f'bench jit {t}'))
              for t in ('mt', 'lm')},
       runs=runs, command='python -m lingshard.experiments --only regime',
       mode='full', revision='abc1234', date='2026-11-26', seconds=60.0)
@@ -158,8 +164,10 @@ def test_the_section_answers_by_the_claim_rule_at_equal_wall_clock(tmp_path):
   lines, pngs = regime.Section(_Result(), str(tmp_path))
   page = '\n'.join(lines)
   assert ('**Answer: MoE beats its FLOP-matched dense twin on dev '
-          'log-perplexity at equal wall-clock beyond the seed spread in: '
-          'Translation (M4 analogue).**') in page
+          'log-perplexity at equal wall-clock beyond the seed spread with TF '
+          'graph step times, as the runs train: in Translation (M4 analogue); '
+          'with XLA-compiled step times, as the demo trains: in neither '
+          'task.**') in page
   # MT at equal wall-clock: MoE at its step 80 against dense at 100.
   assert ('- dev log-pplx at equal wall-clock: **MoE is better** (MoE 3.400 '
           'vs dense 3.500; |Δ| 0.100 > seed spread 0.020).') in page
@@ -177,13 +185,25 @@ def test_the_section_answers_by_the_claim_rule_at_equal_wall_clock(tmp_path):
   assert [os.path.basename(p) for p in pngs] == [
       'regime_mt_curves.png', 'regime_lm_curves.png']
   assert all(os.path.getsize(p) > 0 for p in pngs)
-  assert 'bench mt\nbench lm\n# regime_lm_dense_s1' in page
+  assert ('bench mt\nbench jit mt\nbench lm\nbench jit lm\n'
+          '# regime_lm_dense_s1') in page
+  # Under --jit MoE is read at step 50, its last evaluation within 53.
+  assert ('- With the XLA-compiled step (`--jit`, as the demo trains) the '
+          'MoE step takes ×1.900 the dense one, so MoE makes 53 steps in the '
+          'dense arm\'s time for 100; read at its last evaluation within that '
+          'budget: dev log-pplx (MoE at step 50): **dense is better** (MoE '
+          '3.800 vs dense 3.500; |Δ| 0.300 > seed spread 0.020).') in page
+  assert ('The runs took 18 minutes of training, evaluation and decoding in '
+          'all') in page
 
   res = _Result()
   for seed in (1, 2, 3):  # MT MoE now level with dense at its stop 80.
     res['runs'][f'regime_mt_moe_s{seed}']['curve'][1]['log_pplx'] = 3.5
   page = '\n'.join(regime.Section(res, str(tmp_path))[0])
-  assert '**Answer: in neither task does MoE beat' in page
+  assert ('**Answer: in neither task does MoE beat its FLOP-matched dense twin '
+          'on dev log-perplexity at equal wall-clock beyond the seed spread, '
+          'with TF graph step times, as the runs train or XLA-compiled step '
+          'times, as the demo trains (') in page
 
 
 def test_the_plan_trains_every_seed_of_both_arms_to_both_budgets(
@@ -205,9 +225,10 @@ def test_the_plan_trains_every_seed_of_both_arms_to_both_budgets(
 
   def Bench(models, mode, data_dir, reps, batches):
     benches.append((models, mode, data_dir, reps, batches))
-    slow = {'TinyMoELarge': 125.0 if data_dir == str(mt) else 90.0}
-    return dict(command='bench', ms_per_step={
-        m.split('.')[-1]: slow.get(m.split('.')[-1], 100.0) for m in models})
+    moe = {(str(mt), 'graph'): 125.0, (str(lm), 'graph'): 90.0,
+           (str(mt), 'jit'): 150.0, (str(lm), 'jit'): 120.0}[data_dir, mode]
+    return dict(command=f'bench {mode}', ms_per_step={
+        m.split('.')[-1]: moe if 'MoE' in m else 100.0 for m in models})
 
   monkeypatch.setattr(runs_lib.Runner, 'RunAll',
                       lambda self, runs: {r.name: (r, self) for r in runs})
@@ -217,13 +238,33 @@ def test_the_plan_trains_every_seed_of_both_arms_to_both_budgets(
              regime_bench_reps=5, regime_bench_batches=24)
   ctx = type('Ctx', (), dict(
       cfg=cfg, work_dir=str(tmp_path / 'w'), params_override='',
+      out_dir=str(tmp_path / 'docs'), mode='full',
       bench=staticmethod(Bench), runner=runs_lib.Runner('x', 'y', 'z', 2)))
   res = regime.Regime(ctx)
-  assert benches == [
-      (['m4.TinyMoELarge', 'm4.TinyDenseLarge'], 'graph', str(mt), 5, 24),
-      (['lm1b.TinyMoELarge', 'lm1b.TinyLSTMLarge'], 'graph', str(lm), 5, 24)]
-  assert res['tasks']['mt']['arms']['moe']['wall_steps'] == 80
-  assert res['tasks']['lm']['arms']['moe']['wall_steps'] == 111
+  mt_models = ['m4.TinyMoELarge', 'm4.TinyDenseLarge']
+  lm_models = ['lm1b.TinyMoELarge', 'lm1b.TinyLSTMLarge']
+  assert benches == [(mt_models, 'graph', str(mt), 5, 24),
+                     (mt_models, 'jit', str(mt), 5, 24),
+                     (lm_models, 'graph', str(lm), 5, 24),
+                     (lm_models, 'jit', str(lm), 5, 24)]
+  moe = res['tasks']['mt']['arms']['moe']
+  assert (moe['wall_steps'], moe['jit_wall_steps']) == (80, 67)
+  moe = res['tasks']['lm']['arms']['moe']
+  assert (moe['wall_steps'], moe['jit_wall_steps']) == (111, 83)
+  # Recorded for this configuration: a rerun measures nothing again, so
+  # its step budgets (and runs) stay those trained.
+  os.makedirs(tmp_path / 'docs' / 'results')
+  stored = dict(res, mode='full', runs={})
+  with open(tmp_path / 'docs' / 'results' / 'regime.json', 'w',
+            encoding='utf-8') as f:
+    json.dump(stored, f)
+  benches.clear()
+  again = regime.Regime(ctx)
+  assert benches == [] and again['tasks'] == res['tasks']
+  ctx.mode = 'quick'  # Another configuration: measured afresh.
+  regime.Regime(ctx)
+  assert len(benches) == 4
+  ctx.mode = 'full'
   assert sorted(res['runs']) == sorted(
       f'regime_{t}_{a}_s{s}' for t in ('mt', 'lm') for a in ('dense', 'moe')
       for s in (1, 2))
@@ -252,8 +293,6 @@ def test_the_experts_section_reads_training_fit_against_dev():
          for n in names}
   dev = {n: (3.25 if '_moe_' in n else 3.2) + 0.01 * int(n[-1])
          for n in names}
-  counts = dict(expert=[3, 1], lang=dict(de=[3, 0], fr=[0, 1]),
-                token={'5': [3, 1]})
   layer = dict(gate='MoELayer', num_experts=2, k=2, real_tokens=4,
                dropped_choices=0, shares=[0.75, 0.25], lang=dict(
                    mi=0.811, chance=0.18, entropy=0.811))
