@@ -188,32 +188,45 @@ def _Gaps(runs, steps):
   return out
 
 
-def _LastEvalWithin(runs, budget):
-  """The last eval step all `runs` have at or before `budget`."""
+def _Brackets(runs, budget):
+  """(last eval step all `runs` share at or before `budget`, first one
+  after it or None)."""
   shared = set.intersection(*[{p['step'] for p in r['curve']} for r in runs])
-  within = [s for s in shared if s <= budget]
-  return max(within) if within else None
+  lo = max([s for s in shared if s <= budget], default=None)
+  hi = min([s for s in shared if s > budget], default=None)
+  return lo, (None if lo == budget else hi)
 
 
 def _JitLines(info, runs, steps):
   """The reading at the XLA-compiled step's equal wall-clock budget (when
-  measured): the MoE arm at its last evaluation within that budget."""
+  measured): the MoE arm at its evaluations on either side of that budget
+  against dense at `steps`; returns (lines, MoE wins: True / False, None
+  when the two sides disagree or nothing was measured)."""
   moe = info['moe']
   if 'jit_wall_steps' not in moe or not runs['moe'] or not runs['dense']:
     return [], None
   ratio = moe['jit_ms_per_step'] / info['dense']['jit_ms_per_step']
-  at = _LastEvalWithin(runs['moe'], moe['jit_wall_steps'])
-  if at is None:
+  lo, hi = _Brackets(runs['moe'], moe['jit_wall_steps'])
+  if lo is None:
     return [], None
-  vals = ([pp.CurveAt(r, at) for r in runs['moe']],
-          [pp.CurveAt(r, steps) for r in runs['dense']])
-  verdict = pp.Verdict(*vals, False, 'MoE', 'dense',
-                       f'dev log-pplx (MoE at step {at:,})')
-  return [f'- With the XLA-compiled step (`--jit`, as the demo trains) the '
+  dense = [pp.CurveAt(r, steps) for r in runs['dense']]
+  claims, verdicts = [], []
+  for at in [s for s in (lo, hi) if s is not None]:
+    vals = [pp.CurveAt(r, at) for r in runs['moe']]
+    claims.append(pp.Claim(vals, dense, False))
+    verdicts.append(pp.Verdict(vals, dense, False, 'MoE', 'dense',
+                               f'MoE at step {at:,}'))
+  head = (f'- With the XLA-compiled step (`--jit`, as the demo trains) the '
           f'MoE step takes ×{ratio:.3f} the dense one, so MoE makes '
           f'{moe["jit_wall_steps"]:,} steps in the dense arm\'s time for '
-          f'{steps:,}; read at its last evaluation within that budget: '
-          + verdict], pp.Claim(*vals, False) > 0
+          f'{steps:,}. Dev log-pplx ')
+  if len(claims) == 1:
+    return [head + 'at that budget: ' + verdicts[0]], claims[0] > 0
+  same = (claims[0] > 0) == (claims[1] > 0)  # On whether MoE is better.
+  return [head + 'at the MoE evaluations on either side of that budget ('
+          + ('they agree on whether MoE is better' if same else
+             'they disagree on whether MoE is better: undetermined') + '): '
+          + ' '.join(verdicts)], (claims[0] > 0 if same else None)
 
 
 def _TaskLines(res, task):
@@ -309,9 +322,11 @@ def Section(res, res_dir):
     task_lines, won = _TaskLines(res, task)
     lines += task_lines
     for mode, w in won.items():
-      wins.setdefault(mode, [])
-      if w:
-        wins[mode].append(TASK_TITLES[task])
+      wins.setdefault(mode, dict(won=[], open=[]))
+      if w is None and mode == 'jit':
+        wins[mode]['open'].append(TASK_TITLES[task])
+      elif w:
+        wins[mode]['won'].append(TASK_TITLES[task])
     runs = _Arms(res, task)
     png = plots.Curves(
         os.path.join(res_dir, f'regime_{task}_curves.png'),
@@ -322,10 +337,14 @@ def Section(res, res_dir):
     pngs.append(png)
   named = {'graph': 'TF graph step times, as the runs train',
            'jit': 'XLA-compiled step times, as the demo trains'}
-  if any(wins.values()):
+  def Said(w):
+    return (', '.join(w['won']) or 'neither task') + (
+        f' (undetermined between evaluations: {", ".join(w["open"])})'
+        if w['open'] else '')
+  if any(w['won'] or w['open'] for w in wins.values()):
     answer = ('MoE beats its FLOP-matched dense twin on dev log-perplexity '
               'at equal wall-clock beyond the seed spread ' + '; '.join(
-                  f'with {named[m]}: in ' + (', '.join(w) or 'neither task')
+                  f'with {named[m]}: in {Said(w)}'
                   for m, w in wins.items()) + '.')
   else:
     answer = ('in neither task does MoE beat its FLOP-matched dense twin on '
