@@ -48,6 +48,7 @@ import subprocess
 import sys
 import time
 
+from lingshard.experiments import benches
 from lingshard.experiments import experts
 from lingshard.experiments import page as page_lib
 from lingshard.experiments import page_parts
@@ -167,51 +168,6 @@ def _Args(argv):
   return args
 
 
-def _Shown(argv):
-  return runs_lib.Shown(argv)
-
-
-def _Script(ctx, argv, log_name):
-  """Runs a repository script with the machine to itself; returns stdout."""
-  cmd = [sys.executable] + argv
-  print(f'  $ {_Shown(cmd)}', flush=True)
-  env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        check=False)  # In the working directory.
-  os.makedirs(ctx.work_dir, exist_ok=True)
-  with open(os.path.join(ctx.work_dir, log_name), 'w', encoding='utf-8') as f:
-    f.write(proc.stdout + proc.stderr)
-  if proc.returncode:
-    raise RuntimeError(f'exit {proc.returncode}: {_Shown(cmd)}\n'
-                       f'{proc.stderr[-2000:]}')
-  return _Shown(cmd), proc.stdout
-
-
-def BenchStep(ctx, models, mode, variants=(), data_dir=None, reps=None,
-              batches=None):
-  """{variant name: ms/step} from scripts/bench_step.py (interleaved), on
-  `data_dir` (default: the translation corpus), `reps` x `batches`
-  (default: the mode's bench_step_reps / _batches)."""
-  cfg = ctx.cfg
-  data_dir = data_dir or ctx.data_dir
-  argv = ['scripts/bench_step.py', '--models', *models, '--modes', mode,
-          '--reps', str(reps or cfg['bench_step_reps']), '--batches',
-          str(batches or cfg['bench_step_batches']), '--data_dir', data_dir]
-  if ctx.params_override and data_dir == ctx.data_dir:
-    argv.append(f'--params_override={ctx.params_override}')
-  for v in variants:
-    argv.append(f'--variant={v}')
-  tag = '' if data_dir == ctx.data_dir else '_' + os.path.basename(
-      os.path.normpath(data_dir))
-  shown, out = _Script(ctx, argv, f'bench_step_{mode}_{len(models)}{tag}.log')
-  ms = {}
-  for line in out.splitlines():
-    parts = line.split()
-    if len(parts) == 5 and parts[0] == mode:
-      ms[parts[1]] = float(parts[2])
-  return dict(command=shown, ms_per_step=ms, output=out)
-
-
 _SeedOverrides = runs_lib.SeedOverrides
 
 
@@ -219,7 +175,7 @@ def Conditional(ctx):
   cfg, steps = ctx.cfg, ctx.cfg['steps']
   moe_arms = tuple((a, m) for a, m in MOE_ARMS if a in cfg['arms'])
   models = [m for _, m in moe_arms] + [DEEP, DENSE]
-  bench = BenchStep(ctx, models, cfg['bench_step_mode'])
+  bench = benches.BenchStep(ctx, models, cfg['bench_step_mode'])
   ms = bench['ms_per_step']
   t_dense = ms[DENSE.split('.')[-1]]
   runs, arms = [], {}
@@ -331,51 +287,11 @@ def Capacity(ctx):
             _SeedOverrides(seed, extra), eval_every=steps))
   # Step time per variant: TF graph mode (no XLA compile per variant);
   # the ratio to m4.TinyDense in the same interleaved benchmark.
-  bench = BenchStep(ctx, [DENSE], 'graph', variants)
+  bench = benches.BenchStep(ctx, [DENSE], 'graph', variants)
   return dict(steps=steps, sweep_seeds=list(cfg['sweep_seeds']),
               capacity_factors=list(cfg['capacity_factors']),
               policies=list(POLICIES), bench=bench,
               runs=ctx.runner.RunAll(runs))
-
-
-def _ReadCsv(path):
-  with open(path, encoding='utf-8') as f:
-    rows = [line.rstrip('\n').split(',') for line in f if line.strip()]
-  return dict(header=rows[0], rows=rows[1:])
-
-
-def Speed(ctx):
-  cfg = ctx.cfg
-  res_dir = os.path.join(ctx.out_dir, 'results')
-  spmd_dir = os.path.join(ctx.work_dir, 'spmd_scaling')
-  shown_spmd, out_spmd = _Script(ctx, [
-      'scripts/bench_spmd_scaling.py', f'--out_dir={spmd_dir}',
-      f'--devices={cfg["spmd_devices"]}'], 'bench_spmd_scaling.log')
-  png = os.path.join(spmd_dir, 'scaling.png')
-  if os.path.exists(png):
-    os.replace(png, os.path.join(res_dir, 'spmd_scaling.png'))
-  shown_moe, out_moe = _Script(ctx, [
-      'scripts/bench_moe.py', '--experts', *cfg['moe_experts'].split(),
-      '--reps', str(cfg['moe_reps'])], 'bench_moe.log')
-  return dict(spmd=dict(command=shown_spmd, output=out_spmd,
-                        csv=_ReadCsv(os.path.join(spmd_dir, 'scaling.csv'))),
-              moe=dict(command=shown_moe, output=out_moe))
-
-
-def Gpipe(ctx):
-  out_dir = os.path.join(ctx.work_dir, 'gpipe')
-  # bench_gpipe.py's own --quick subset in the full run (its full table
-  # takes 24 min on 2 cores).
-  argv = ['scripts/bench_gpipe.py', f'--out_dir={out_dir}',
-          *ctx.cfg['gpipe_args']]
-  shown, out = _Script(ctx, argv, 'bench_gpipe.log')
-  png = os.path.join(out_dir, 'gpipe.png')
-  if os.path.exists(png):
-    os.replace(png, os.path.join(ctx.out_dir, 'results', 'gpipe.png'))
-  return dict(command=shown, output=out,
-              memory=_ReadCsv(os.path.join(out_dir, 'gpipe_memory.csv')),
-              efficiency=_ReadCsv(os.path.join(out_dir,
-                                               'gpipe_efficiency.csv')))
 
 
 def Lm(ctx):
@@ -391,8 +307,8 @@ def Lm(ctx):
 
 
 RUNNERS = dict(conditional=Conditional, depth=Depth, balance=Balance,
-               capacity=Capacity, speed=Speed, gpipe=Gpipe, lm=Lm,
-               probe=probe.Probe, regime=regime.Regime,
+               capacity=Capacity, speed=benches.Speed, gpipe=benches.Gpipe,
+               lm=Lm, probe=probe.Probe, regime=regime.Regime,
                experts=experts.Experts)
 
 
@@ -419,7 +335,7 @@ class Context:
     if self.cfg['dev_rows']:
       dev_dir = runs_lib.DevSubset(args.data_dir, args.work_dir,
                                          self.cfg['dev_rows'])
-    self.bench = functools.partial(BenchStep, self)
+    self.bench = functools.partial(benches.BenchStep, self)
     self.runner = runs_lib.Runner(args.work_dir, args.data_dir,
                                         args.lm_data_dir, args.workers,
                                         dev_dir=dev_dir,
