@@ -10,13 +10,12 @@ log-perplexity at the budget: extra parameters that fit the training data
 better without a lower dev value are memorising, not generalising.
 
 Specialisation: for every MoE run of `regime` (its final checkpoint in
---work_dir),
-`python -m lingshard.tools.expert_usage` restores the weights with the
-run's own flags and counts, over the run's dev subset, which expert each
-real token\'s first choice goes to, by language (MT) and by token. The page
-gives per layer the mutual information I(expert; language) and I(expert;
-token) in bits beside what independence gives by chance, and seed 1's
-per-expert table (top languages and tokens by lift).
+--work_dir), `python -m lingshard.tools.expert_usage` restores the weights
+with the run's own flags and counts, over the run's dev subset, which
+expert each real token's first choice goes to, by language (MT) and by
+token. The page gives per layer the mutual information I(expert;
+language) and I(expert; token) in bits beside what independence gives by
+chance, and seed 1's per-expert table (top languages and tokens by lift).
 """
 
 import concurrent.futures
@@ -98,10 +97,8 @@ def Experts(ctx):
 
   def Execute(name):
     argv, json_path = jobs[name]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2',
-               TF_NUM_INTRAOP_THREADS='1', TF_NUM_INTEROP_THREADS='1')
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env,
-                          check=False)
+    proc = subprocess.run(argv, capture_output=True, text=True,
+                          env=runs_lib.RunEnv(), check=False)
     if proc.returncode:
       raise RuntimeError(f'exit {proc.returncode}: {" ".join(argv)}\n'
                          f'{proc.stderr[-2000:]}')

@@ -33,21 +33,15 @@ TASKS = (('mt', (('dense', 'm4.TinyDenseLarge'), ('moe', 'm4.TinyMoELarge'))),
          ('lm', (('dense', 'lm1b.TinyLSTMLarge'), ('moe',
                                                    'lm1b.TinyMoELarge'))))
 LM_DEV = 'dev.txt'
-# Arms whose equal wall-clock budget is within this share of the step
-# budget are read at the step budget (as the conditional section).
-WALL_TOLERANCE = 0.03
+WallSteps = runs_lib.WallSteps
 
 
 def LmDevSubset(lm_dir, work_dir, every):
   """Every `every`-th line of the LM corpus's dev split, in work_dir;
   returns its path."""
-  out = os.path.join(work_dir, f'lm_dev_every_{every}.txt')
   os.makedirs(work_dir, exist_ok=True)
-  with open(os.path.join(lm_dir, LM_DEV), encoding='utf-8') as f:
-    rows = f.readlines()
-  with open(out, 'w', encoding='utf-8') as f:
-    f.writelines(rows[::every])
-  return out
+  return runs_lib.EveryNth(os.path.join(lm_dir, LM_DEV), os.path.join(
+      work_dir, f'lm_dev_every_{every}.txt'), every)
 
 
 def CorpusFacts(mt_dir, lm_dir):
@@ -66,12 +60,6 @@ def CorpusFacts(mt_dir, lm_dir):
                       for k, v in mt['splits'].items()}),
       lm=dict(words={k: v['words'] for k, v in lm['splits'].items()},
               vocab_size=lm['vocab_size']))
-
-
-def WallSteps(steps, ms_arm, ms_dense):
-  """The steps an arm takes in the dense arm's time for `steps` steps."""
-  wall = max(1, round(steps * ms_dense / ms_arm))
-  return steps if abs(wall - steps) <= WALL_TOLERANCE * steps else wall
 
 
 def _StoredBenches(ctx, steps, mt_dir, lm_dir):
@@ -145,7 +133,7 @@ def Regime(ctx):
   return dict(steps=steps, seeds=list(cfg['regime_seeds']),
               dev_every=every, mt_dir=mt_dir, lm_dir=lm_dir,
               corpora=CorpusFacts(mt_dir, lm_dir),
-              wall_tolerance=WALL_TOLERANCE, tasks=tasks,
+              wall_tolerance=runs_lib.WALL_TOLERANCE, tasks=tasks,
               runs=runner.RunAll(runs))
 
 

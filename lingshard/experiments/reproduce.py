@@ -73,8 +73,6 @@ MOE_ARMS = (('E4', 'm4.TinyMoE4E'), ('E8', 'm4.TinyMoE'),
             ('E16', 'm4.TinyMoE16E'), ('E32', 'm4.TinyMoE32E'))
 DEEP = 'm4.TinyMoE12L'
 CAPACITY_FACTORS = (0.5, 1.0, 2.0, 4.0)
-# Equal wall-clock step budgets within 3% of the step budget count as it.
-WALL_TOLERANCE = 0.03
 POLICIES = ('all', 'random')
 # The capacity probe (probe.py): pairs of its training subset, steps and
 # its curve's eval interval. From the arms' curves (seed 1, ~400 target
@@ -183,10 +181,7 @@ def Conditional(ctx):
     t_arm = ms[model.split('.')[-1]]
     # Equal wall-clock: the time the dense model takes for `steps` steps,
     # at each arm's measured (interleaved, XLA-compiled) step time.
-    # Within WALL_TOLERANCE of the step budget: taken as equal (one stop).
-    wall = max(1, round(steps * t_dense / t_arm))
-    if abs(wall - steps) <= WALL_TOLERANCE * steps:
-      wall = steps
+    wall = runs_lib.WallSteps(steps, t_arm, t_dense)
     names = []
     if model == 'm4.TinyMoE':
       ctx.e8_wall = wall
@@ -203,7 +198,8 @@ def Conditional(ctx):
                      runs=names)
   results = ctx.runner.RunAll(runs)
   return dict(arms=arms, steps=steps, seeds=list(cfg['seeds']),
-              wall_tolerance=WALL_TOLERANCE, bench=bench, runs=results)
+              wall_tolerance=runs_lib.WALL_TOLERANCE, bench=bench,
+              runs=results)
 
 
 def _BaseRun(ctx, seed, name='e8', extra='', curve=True):

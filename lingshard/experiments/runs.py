@@ -61,16 +61,42 @@ def SeedOverrides(seed, extra=''):
   return ';'.join(o for o in (f'input.seed={1000 + seed}', extra) if o)
 
 
+# Equal wall-clock step budgets within this share of the step budget count
+# as it (one stop, one evaluation).
+WALL_TOLERANCE = 0.03
+
+
+def WallSteps(steps, ms_arm, ms_dense):
+  """The steps an arm takes in the dense arm's time for `steps` steps, at
+  the measured step times (the step budget itself within WALL_TOLERANCE)."""
+  wall = max(1, round(steps * ms_dense / ms_arm))
+  return steps if abs(wall - steps) <= WALL_TOLERANCE * steps else wall
+
+
+def RunEnv():
+  """The environment of a trainer subprocess: one intra-op and one inter-op
+  thread (two run at once on the two cores), quiet TF logging."""
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', TF_NUM_INTRAOP_THREADS='1',
+              TF_NUM_INTEROP_THREADS='1')
+
+
+def EveryNth(src, dst, every):
+  """Writes every `every`-th line of file `src` to `dst`; returns dst."""
+  with open(src, encoding='utf-8') as f:
+    rows = f.readlines()
+  with open(dst, 'w', encoding='utf-8') as f:
+    f.writelines(rows[::every])
+  return dst
+
+
 def DevSubset(data_dir, work_dir, every):
   """A directory with every `every`-th row of the dev splits (quick mode:
   cheap evaluation and decoding); returns its path."""
   out = os.path.join(work_dir, f'dev_every_{every}')
   os.makedirs(out, exist_ok=True)
   for split in DEV_SPLITS:
-    with open(os.path.join(data_dir, f'{split}.tsv'), encoding='utf-8') as f:
-      rows = f.readlines()
-    with open(os.path.join(out, f'{split}.tsv'), 'w', encoding='utf-8') as f:
-      f.writelines(rows[::every])
+    EveryNth(os.path.join(data_dir, f'{split}.tsv'),
+             os.path.join(out, f'{split}.tsv'), every)
   return out
 
 
@@ -184,8 +210,7 @@ class Runner:
     if os.path.exists(logdir):
       shutil.rmtree(logdir)  # This script's own run directory, stale spec.
     os.makedirs(logdir)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', TF_NUM_INTRAOP_THREADS='1',
-               TF_NUM_INTEROP_THREADS='1')
+    env = RunEnv()
     commands, seconds = [], []
     with open(logdir + '.log', 'w', encoding='utf-8') as log:
       for kind, stop, argv in self.Commands(run):
