@@ -1,6 +1,6 @@
 """Benchmark: decoding speed of a trained MT model (greedy, beam, flat beam).
 
-  .venv/bin/python scripts/bench_decode.py --logdir=logs/demo \
+  .venv/bin/python scripts/bench_decode.py --logdir=logs/demo/m4.TinyMoE \
       [--model=m4.TinyMoE] [--data_dir=data/ui_m4] [--split=dev_unseen_en]
 
 Decodes the split with the latest checkpoint of `--logdir` the way

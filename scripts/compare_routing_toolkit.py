@@ -64,7 +64,7 @@ def SummedLoadBalance(logdir, steps):
   summaries of the last quarter of training, averaged over layers: the
   long-run balance (the per-step max/mean of the table is a mean of
   per-batch ratios)."""
-  events = runs_lib._Events(os.path.join(logdir, 'train'))  # pylint: disable=protected-access
+  events = runs_lib.Events(os.path.join(logdir, 'train'))
   layers = {}
   for tag, values in events.items():
     layer, sep, expert = tag.rpartition('_load/')

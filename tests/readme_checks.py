@@ -323,14 +323,6 @@ def _Runnable(command):
       '--dry_run' in command.argv)
 
 
-def _Runnable(command):
-  """True for commands this test knows how to check and may run."""
-  if command.key not in CHECKS:
-    return False
-  return command.key != 'scripts/tpu_vm/launch.py' or (
-      '--dry_run' in command.argv)
-
-
 # -------------------------------------------------------------- groups
 GROUPS = ('mt', 'spmd', 'gpipe', 'lm', 'reproduce')
 # Groups whose commands read the prepared MT corpus (data/ui_m4).

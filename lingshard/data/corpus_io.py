@@ -17,7 +17,8 @@ NOPH_SUFFIX = '.noph.tsv'
 STATS_FILE = 'stats.tsv'
 # The vocabularies' subdirectory of a prepared corpus (see vocab.py).
 VOCAB_DIR = 'vocab'
-PREPARE_COMMAND = 'python -m lingshard.data.prepare --out'
+# The directory name of `prepare --corpus=large`'s output (data/ui_m4_large).
+LARGE_NAME = 'ui_m4_large'
 
 # Language codes and package names become parts of file names.
 _SAFE_NAME_RE = re.compile(r'[A-Za-z0-9_@.-]+')
@@ -35,14 +36,24 @@ def IsSafeName(name):
           '..' not in name)
 
 
+def PrepareArgs(data_dir):
+  """`python -m` arguments of the prepare command that writes `data_dir`:
+  `--corpus=large` for a directory named LARGE_NAME, the default corpus
+  otherwise."""
+  large = os.path.basename(os.path.normpath(data_dir)) == LARGE_NAME
+  return (['lingshard.data.prepare'] + (['--corpus=large'] if large else []) +
+          ['--out', data_dir or '.'])
+
+
 def PrepareHint(path):
-  """'prepare the corpus with: python -m lingshard.data.prepare --out DIR',
-  DIR being the corpus directory holding `path` (the parent of `vocab/`
-  for a vocabulary file)."""
+  """'prepare the corpus with: python -m lingshard.data.prepare --out DIR'
+  (PrepareArgs), DIR being the corpus directory holding `path` (the parent
+  of `vocab/` for a vocabulary file)."""
   data_dir = os.path.dirname(path)
   if os.path.basename(data_dir) == VOCAB_DIR:
     data_dir = os.path.dirname(data_dir)
-  return f'prepare the corpus with: {PREPARE_COMMAND} {data_dir or "."}'
+  return ('prepare the corpus with: python -m ' +
+          ' '.join(PrepareArgs(data_dir)))
 
 
 def MissingFileError(what, path):

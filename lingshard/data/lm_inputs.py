@@ -25,8 +25,8 @@ from lingshard.nested_map import NestedMap
 
 
 def _PrepareHint(path):
-  return ('prepare the corpus with: python -m lingshard.data.lm_prepare '
-          f'--out {os.path.dirname(path) or "."}')
+  return ('prepare the corpus with: python -m ' +
+          ' '.join(lm_prepare.PrepareArgs(os.path.dirname(path))))
 
 
 def VocabWords(path):

@@ -68,6 +68,9 @@ from lingshard.tools import cli
 SPECIALS = ('<pad>', '<s>', '</s>', '<unk>')
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
 SPLITS = ('train', 'dev', 'test')
+# The directory name of `--sources=large`'s output by convention
+# (data/lm_en_large): PrepareArgs gives such a directory's command.
+LARGE_NAME = 'lm_en_large'
 _WORD_RE = re.compile(r"[a-z]+(?:'[a-z]+)?|[0-9]+|[^\sa-z0-9]")
 _SENT_END_RE = re.compile(r'(?<=[.!?])\s+(?=[A-Z])')
 _ABBREVIATIONS = ('e.g.', 'i.e.', 'etc.', 'vs.', 'cf.', 'Mr.', 'Dr.')
@@ -109,6 +112,15 @@ Modules = lm_sources.Modules  # The stdlib walk (test packages skipped).
 class LmCorpusError(ValueError):
   """A corpus that cannot be built (one line)."""
 
+
+
+def PrepareArgs(data_dir):
+  """`python -m` arguments of the command that writes `data_dir`:
+  `--sources=large` for a directory named LARGE_NAME, the stdlib corpus
+  otherwise."""
+  large = os.path.basename(os.path.normpath(data_dir)) == LARGE_NAME
+  return (['lingshard.data.lm_prepare'] +
+          (['--sources=large'] if large else []) + ['--out', data_dir or '.'])
 
 def ProseBlocks(source):
   """Docstrings and comment blocks of one module's source text."""

@@ -39,7 +39,7 @@ from lingshard.data import vocab
 from lingshard.data import wheels
 
 DEFAULT_OUT = os.path.join('data', 'ui_m4')
-LARGE_OUT = os.path.join('data', 'ui_m4_large')
+LARGE_OUT = os.path.join('data', corpus_io.LARGE_NAME)
 MANIFEST_FILE = 'manifest.json'
 FORMAT_VERSION = 1
 

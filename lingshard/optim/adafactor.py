@@ -66,12 +66,17 @@ class Adafactor(base.BaseOptimizer):
       slots.m = tf.zeros(shape, tf.float32)
     return slots
 
-  def UpdateOne(self, value, grad, slots, lr, step):
+  def StepScalars(self, lr, step):
+    """float32 scalars: lr and this step's second-moment decay beta2."""
+    t = tf.cast(step, tf.float32) + 1.0
+    return NestedMap(lr=tf.cast(lr, tf.float32),
+                     beta2=1.0 - tf.pow(t, -self.params.decay_exponent))
+
+  def UpdateOne(self, value, grad, slots, scalars):
     p = self.params
     x = tf.cast(value, tf.float32)
     g = tf.cast(grad, tf.float32)
-    t = tf.cast(step, tf.float32) + 1.0
-    beta2 = 1.0 - tf.pow(t, -p.decay_exponent)
+    beta2 = scalars.beta2
     g2 = tf.square(g) + p.epsilon1
     new_slots = NestedMap()
     if 'vr' in slots:
@@ -87,7 +92,7 @@ class Adafactor(base.BaseOptimizer):
       new_slots.v = v
     if p.clipping_threshold > 0:
       u /= tf.maximum(1.0, _Rms(u) / p.clipping_threshold)
-    step_size = tf.cast(lr, tf.float32)
+    step_size = scalars.lr
     if p.multiply_by_parameter_scale:
       step_size *= tf.maximum(p.epsilon2, _Rms(x))
     if p.beta1 > 0:

@@ -27,14 +27,25 @@ class Adam(base.BaseOptimizer):
     zeros = tf.zeros(value.shape, tf.float32)
     return NestedMap(m=zeros, v=zeros)
 
-  def UpdateOne(self, value, grad, slots, lr, step):
+  def StepScalars(self, lr, step):
+    """float32 scalars: the decays, 1 - b^t of both moments, lr, eps."""
     p = self.params
-    g = tf.cast(grad, tf.float32)
     t = tf.cast(step, tf.float32) + 1.0
-    m = p.beta1 * slots.m + (1.0 - p.beta1) * g
-    v = p.beta2 * slots.v + (1.0 - p.beta2) * tf.square(g)
-    m_hat = m / (1.0 - tf.pow(p.beta1, t))
-    v_hat = v / (1.0 - tf.pow(p.beta2, t))
-    delta = tf.cast(lr, tf.float32) * m_hat / (tf.sqrt(v_hat) + p.epsilon)
+    c = NestedMap({k: tf.constant(v, tf.float32) for k, v in (
+        ('b1', p.beta1), ('b2', p.beta2), ('one_minus_b1', 1.0 - p.beta1),
+        ('one_minus_b2', 1.0 - p.beta2), ('eps', p.epsilon))})
+    c.bias1 = 1.0 - tf.pow(p.beta1, t)
+    c.bias2 = 1.0 - tf.pow(p.beta2, t)
+    c.lr = tf.cast(lr, tf.float32)
+    return c
+
+  def UpdateOne(self, value, grad, slots, scalars):
+    c = scalars
+    g = tf.cast(grad, tf.float32)
+    m = c.b1 * slots.m + c.one_minus_b1 * g
+    v = c.b2 * slots.v + c.one_minus_b2 * tf.square(g)
+    m_hat = m / c.bias1
+    v_hat = v / c.bias2
+    delta = c.lr * m_hat / (tf.sqrt(v_hat) + c.eps)
     new_value = tf.cast(tf.cast(value, tf.float32) - delta, value.dtype)
     return new_value, NestedMap(m=m, v=v)

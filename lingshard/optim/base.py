@@ -4,7 +4,10 @@ An optimizer is configured by `Params()` and exposes two pure functions:
 
 - `InitSlots(value)`: the initial slot tensors of one weight, a NestedMap
   (e.g. Adam's `m`, `v`), possibly empty;
-- `UpdateOne(value, grad, slots, lr, step)`: the new weight and slots.
+- `StepScalars(lr, step)`: the per-step scalars every weight's update
+  reads (bias corrections, decays), made once per `Apply`, not once per
+  weight: the traced step then holds one copy, not one per weight;
+- `UpdateOne(value, grad, slots, scalars)`: the new weight and slots.
 
 `InitState` / `Apply` map them over every leaf of theta. The state of a
 whole model is a NestedMap shaped like theta whose leaves are slot
@@ -32,8 +35,13 @@ class BaseOptimizer:
     del value
     return NestedMap()
 
-  def UpdateOne(self, value, grad, slots, lr, step):
-    """Returns (new value, new slots) for one weight."""
+  def StepScalars(self, lr, step):
+    """NestedMap of this step's shared scalars (default: lr, step)."""
+    return NestedMap(lr=lr, step=step)
+
+  def UpdateOne(self, value, grad, slots, scalars):
+    """Returns (new value, new slots) for one weight; `scalars` is
+    StepScalars(lr, step)."""
     raise NotImplementedError(f'{type(self).__name__}.UpdateOne')
 
   def InitState(self, theta):
@@ -44,10 +52,11 @@ class BaseOptimizer:
   def Apply(self, theta, grads, state, lr, step):
     """One update of every weight: returns (theta', state')."""
     new_values, new_slots = [], []
+    scalars = self.StepScalars(lr, step)
     for value, grad, slots in zip(theta.Flatten(), grads.Flatten(),
                                   FlattenSlots(theta, state)):
-      v, s = self.UpdateOne(value, tf.cast(grad, value.dtype), slots, lr,
-                            step)
+      v, s = self.UpdateOne(value, tf.cast(grad, value.dtype), slots,
+                            scalars)
       new_values.append(v)
       new_slots.append(s)
     return theta.Pack(new_values), theta.Pack(new_slots)
@@ -74,6 +83,5 @@ def _FlattenUpTo(structure, value, out):
 class Sgd(BaseOptimizer):
   """Plain gradient descent: `w' = w - lr * g` (no slots)."""
 
-  def UpdateOne(self, value, grad, slots, lr, step):
-    del step
-    return value - tf.cast(lr, value.dtype) * grad, slots
+  def UpdateOne(self, value, grad, slots, scalars):
+    return value - tf.cast(scalars.lr, value.dtype) * grad, slots

@@ -33,6 +33,7 @@ import numpy as np
 from lingshard import model_registry
 from lingshard.base_model_params import SingleTaskModelParams
 from lingshard.data import lm_inputs
+from lingshard.data import lm_prepare
 from lingshard.layers.moe import hierarchical as hierarchical_moe
 from lingshard.layers.moe import noisy_top_k
 from lingshard.models import lm_model
@@ -104,7 +105,7 @@ def Model(name, vocab_size=VOCAB_SIZE, model_dim=MODEL_DIM,
 DATA_DIR = 'data/lm_en'
 # lm_prepare --sources=large: the stdlib, 47 pinned venv distributions and
 # 12 pinned PyPI wheels.
-LARGE_DATA_DIR = 'data/lm_en_large'
+LARGE_DATA_DIR = os.path.join('data', lm_prepare.LARGE_NAME)
 
 
 class LmCorpus(SingleTaskModelParams):

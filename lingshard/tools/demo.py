@@ -1,13 +1,19 @@
 """The README demo: real multilingual data -> MoE Transformer -> BLEU/chrF.
 
   python -m lingshard.tools.demo [--model=m4.TinyMoE] [--train_seconds=720]
+  python -m lingshard.tools.demo --model=lm1b.TinyMoELarge
 
-1. prepares the corpus (`lingshard.data.prepare`; skipped if present),
-2. trains the model with the trainer binary for a bounded time,
+A translation model (m4.*, gpipe.*):
+1. prepares the model's corpus (`lingshard.data.prepare`, `--corpus=large`
+   for data/ui_m4_large; skipped if present),
+2. trains the model with the trainer binary for a bounded time (--jit),
 3. decodes `dev_unseen_en` (English strings never seen in training) and
    `dev_seen_en` with beam search, once each,
 4. prints BLEU / chrF for all pairs and for the placeholder-free subset next
-   to the copy-the-source baseline, plus example translations.
+   to the copy-the-source baseline.
+
+A language model (lm1b.*): lingshard/tools/demo_lm.py (lm_prepare, training
+in TF graph mode unless --jit, dev perplexity next to a unigram model).
 
 Every step is the ordinary CLI (`python -m lingshard.trainer ...`) run as a
 subprocess; the commands are printed so they can be re-run by hand.
@@ -27,13 +33,16 @@ from lingshard.data import splits
 from lingshard.data import vocab
 from lingshard.models import mt_decoder
 from lingshard.tools import cli
+from lingshard.tools import demo_lm
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('model', 'm4.TinyMoE', 'Registered model key.',
                     flag_values=FLAGS)
-flags.DEFINE_string('data_dir', 'data/ui_m4', 'Prepared corpus directory.',
+flags.DEFINE_string('data_dir', '', 'Prepared corpus directory; default the '
+                    "model's own (data/ui_m4 for m4.TinyMoE).",
                     flag_values=FLAGS)
-flags.DEFINE_string('logdir', 'logs/demo', 'Trainer logdir.',
+flags.DEFINE_string('logdir', '', 'Trainer logdir; default logs/demo/<model> '
+                    '(a rerun resumes from its checkpoint).',
                     flag_values=FLAGS)
 flags.DEFINE_integer('train_seconds', 720, 'Training time budget; 0 skips '
                      'training and scores the latest checkpoint.',
@@ -42,6 +51,9 @@ flags.DEFINE_integer('max_steps', 20000, 'Step cap (the time budget binds).',
                      flag_values=FLAGS)
 flags.DEFINE_string('params_override', '', 'Extra trainer overrides.',
                     flag_values=FLAGS)
+flags.DEFINE_bool('jit', None, 'XLA-compile the train step; default on for '
+                  'translation, off (TF graph mode) for language models.',
+                  flag_values=FLAGS)
 
 DEV_SPLITS = (splits.DEV_UNSEEN, splits.DEV_SEEN)
 
@@ -106,13 +118,50 @@ def ScoreTable(rows):
   return '\n'.join(lines)
 
 
+def DataDir(model):
+  """The directory of the registered model's training corpus."""
+  p = model_registry.GetParams(model, 'Train').input
+  return os.path.dirname(p.file_pattern) or '.'
+
+
+def TrainArgs(jit):
+  """The trainer's training flags of this demo ([] if no training)."""
+  if FLAGS.train_seconds <= 0:
+    return []
+  return ['--jit' if jit else '--nojit', f'--max_steps={FLAGS.max_steps}',
+          f'--max_train_seconds={FLAGS.train_seconds}']
+
+
+def MainLm(data_dir, logdir, start):
+  """The language-model demo (demo_lm)."""
+  train_args = TrainArgs(bool(FLAGS.jit))
+  table, step, train_seconds = demo_lm.Run(
+      FLAGS.model, data_dir, logdir, train_args, FLAGS.params_override, _Run)
+  print('\n== lingshard demo: dev perplexity per token (words and </s>) vs '
+        'a unigram model of the training tokens ==')
+  print(table)
+  mode = ('no training' if not train_args else
+          'XLA-compiled' if FLAGS.jit else 'TF graph mode')
+  print(f'\nmodel {FLAGS.model}; step {step}; training '
+        f'{train_seconds / 60:.1f} min ({mode}); total '
+        f'{(time.time() - start) / 60:.1f} min')
+  print(f'TensorBoard: tensorboard --logdir {logdir}')
+
+
 def main(argv):
   del argv
   start = time.time()
-  data_dir, logdir = FLAGS.data_dir, FLAGS.logdir
+  try:
+    data_dir = FLAGS.data_dir or DataDir(FLAGS.model)
+  except LookupError as e:  # An unregistered --model.
+    sys.exit(f'demo: error: {e}')
+  logdir = FLAGS.logdir or os.path.join('logs', 'demo', FLAGS.model)
+  if demo_lm.IsLm(FLAGS.model):
+    MainLm(data_dir, logdir, start)
+    return
   vocab_paths = VocabPaths(FLAGS.model, data_dir)
   if not os.path.exists(os.path.join(data_dir, 'train.tsv')):
-    _Run(['lingshard.data.prepare', '--out', data_dir])
+    _Run(corpus_io.PrepareArgs(data_dir))
   elif not all(os.path.exists(v) for v in vocab_paths.values()):
     # A corpus prepared before this model's vocabulary existed.
     _Run(['lingshard.data.vocab', data_dir])
@@ -122,10 +171,10 @@ def main(argv):
       [f"input.{k}='{v}'" for k, v in sorted(vocab_paths.items())] +
       [FLAGS.params_override]) if o)
   train_start = time.time()
-  if FLAGS.train_seconds > 0:
-    _Run(base + ['--mode=train', '--jit', f'--max_steps={FLAGS.max_steps}',
-                 f'--max_train_seconds={FLAGS.train_seconds}',
-                 f'--params_override={overrides}'])
+  train_args = TrainArgs(FLAGS.jit is not False)
+  if train_args:
+    _Run(base + ['--mode=train'] + train_args +
+         [f'--params_override={overrides}'])
   train_seconds = time.time() - train_start
   rows = []
   for split in DEV_SPLITS:

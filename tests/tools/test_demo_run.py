@@ -6,8 +6,6 @@ with one row per split and subset, counting every pair of the split."""
 
 import os
 import re
-import subprocess
-import sys
 
 import sentencepiece as spm
 
@@ -24,12 +22,9 @@ def test_demo_trains_decodes_and_scores(prepared_dir, tmp_path):
       f'task.src_vocab_size={size}', f'task.tgt_vocab_size={size}',
       'input.bucket_upper_bounds=[64]', 'input.bucket_batch_limits=[8]',
       'task.decode.max_decode_len=8'])
-  run = subprocess.run(
-      [sys.executable, '-m', 'lingshard.tools.demo',
-       f'--data_dir={prepared_dir}', f'--logdir={logdir}', '--max_steps=2',
-       f'--params_override={overrides}'],
-      env=trainer_testlib.TrainerEnv(), cwd=trainer_testlib.REPO,
-      capture_output=True, text=True, timeout=600, check=False)
+  run = trainer_testlib.RunModule(
+      'lingshard.tools.demo', f'--data_dir={prepared_dir}',
+      f'--logdir={logdir}', '--max_steps=2', f'--params_override={overrides}')
   assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
   assert re.search(r'^step 2/2 loss \d+\.\d+', run.stdout, re.M), run.stdout
   assert 'strategy default: 1 replica(s), jit on' in run.stdout

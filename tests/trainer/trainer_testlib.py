@@ -49,9 +49,15 @@ def TrainerCommand(*args):
 
 def RunTrainer(*args, timeout=300):
   """Runs the trainer binary to completion; returns CompletedProcess."""
-  return subprocess.run(TrainerCommand(*args), env=TrainerEnv(), cwd=REPO,
-                        capture_output=True, text=True, timeout=timeout,
-                        check=False)
+  return RunModule('lingshard.trainer', *args, timeout=timeout)
+
+
+def RunModule(module, *args, timeout=600):
+  """Runs `python -m module args` from the repository to completion in the
+  trainer's environment; returns CompletedProcess."""
+  return subprocess.run([sys.executable, '-m', module] + list(args),
+                        env=TrainerEnv(), cwd=REPO, capture_output=True,
+                        text=True, timeout=timeout, check=False)
 
 
 def Events(directory):

@@ -35,43 +35,65 @@ _M2 = 0x735A2D97
 _INIT = 0x9E3779B9  # Golden-ratio constant: a non-zero starting state.
 
 
-def _U32(x):
-  return tf.cast(x, tf.uint32)
+_MASK32 = 0xFFFFFFFF
 
 
-def _Mix(h):
+def _Consts():
+  """The mixer's shift and multiplier constants as uint32 graph constants,
+  made once per hash (not once per use: hashing is most of the ops that
+  tracing a step with dropout creates)."""
+  return tuple(tf.constant(v, tf.uint32) for v in (16, 15, _M1, _M2))
+
+
+def _Mix(h, consts):
   """lowbias32: x ^= x>>16; x *= M1; x ^= x>>15; x *= M2; x ^= x>>15."""
-  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(16)))
-  h = h * _U32(_M1)
-  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(15)))
-  h = h * _U32(_M2)
-  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, _U32(15)))
-  return h
+  s16, s15, m1, m2 = consts
+  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, s16))
+  h = h * m1
+  h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, s15))
+  h = h * m2
+  return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, s15))
 
 
-def _Absorb(h, word_u32):
-  return _Mix(tf.bitwise.bitwise_xor(h, word_u32))
+def _MixInt(x):
+  """_Mix of a Python int, in Python: the same uint32 arithmetic, so words
+  known at trace time are absorbed without graph ops."""
+  x &= _MASK32
+  x ^= x >> 16
+  x = (x * _M1) & _MASK32
+  x ^= x >> 15
+  x = (x * _M2) & _MASK32
+  return x ^ (x >> 15)
+
+
+def _Absorb(h, word_u32, consts):
+  return _Mix(tf.bitwise.bitwise_xor(h, word_u32), consts)
 
 
 def _Split64(x):
   """(low, high) uint32 words of an int64 tensor (two's complement)."""
   x = tf.cast(x, tf.int64)
-  lo = tf.cast(tf.bitwise.bitwise_and(x, tf.constant(0xFFFFFFFF, tf.int64)),
-               tf.uint32)
+  mask = np.int64(_MASK32)
+  lo = tf.cast(tf.bitwise.bitwise_and(x, mask), tf.uint32)
   hi = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(
-      x, tf.constant(32, tf.int64)), tf.constant(0xFFFFFFFF, tf.int64)),
-               tf.uint32)
+      x, np.int64(32)), mask), tf.uint32)
   return lo, hi
 
 
-def KeyHash(layer_seed, stream, step):
-  """The uint32 scalar state after absorbing (layer_seed, stream, step)."""
+def KeyHash(layer_seed, stream, step, consts=None):
+  """The uint32 scalar state after absorbing (layer_seed, stream, step);
+  the words known at trace time (all but a tensor step) in Python."""
   if step is None:
     step = 0
-  h = _Mix(_U32(np.uint32(_INIT ^ (int(layer_seed) & 0xFFFFFFFF))))
-  h = _Absorb(h, _U32(np.uint32(int(stream) & 0xFFFFFFFF)))
-  lo, hi = _Split64(tf.convert_to_tensor(step))
-  return _Absorb(_Absorb(h, lo), hi)
+  h = _MixInt(_MixInt(_INIT ^ (int(layer_seed) & _MASK32)) ^
+              (int(stream) & _MASK32))
+  if not tf.is_tensor(step):
+    step = int(step)
+    h = _MixInt(_MixInt(h ^ (step & _MASK32)) ^ ((step >> 32) & _MASK32))
+    return tf.constant(h, tf.uint32)
+  consts = consts or _Consts()
+  lo, hi = _Split64(step)
+  return _Absorb(_Absorb(tf.constant(h, tf.uint32), lo, consts), hi, consts)
 
 
 def TokenHash(layer_seed, stream, step, token_index, num_sub=None):
@@ -87,12 +109,13 @@ def TokenHash(layer_seed, stream, step, token_index, num_sub=None):
   Returns:
     uint32 tensor [...] or [..., num_sub].
   """
-  h = KeyHash(layer_seed, stream, step)
+  consts = _Consts()
+  h = KeyHash(layer_seed, stream, step, consts)
   lo, hi = _Split64(token_index)
-  h = _Absorb(_Absorb(h, lo), hi)
+  h = _Absorb(_Absorb(h, lo, consts), hi, consts)
   if num_sub is not None:
     sub = tf.cast(tf.range(num_sub, dtype=tf.int32), tf.uint32)
-    h = _Absorb(h[..., tf.newaxis], sub)
+    h = _Absorb(h[..., tf.newaxis], sub, consts)
   return h
 
 
@@ -104,7 +127,8 @@ def HashToUniform(h):
   ndtri(u) = inf: one draw in 2^24, which put a NaN into the noisy gates of
   an LM about once every thousand training steps.
   """
-  top = tf.cast(tf.bitwise.right_shift(h, _U32(9)), tf.float32)
+  top = tf.cast(tf.bitwise.right_shift(h, tf.constant(9, tf.uint32)),
+                tf.float32)
   return (top + 0.5) * np.float32(2.0**-23)
 
 

@@ -87,3 +87,33 @@ def test_uniform_is_strictly_inside_zero_one_at_every_hash_extreme():
   assert np.all(np.isfinite(z)) and np.abs(z).max() < 5.3, z
   g = -np.log(-np.log(u.astype(np.float64)))
   assert np.all(np.isfinite(g))
+
+
+def _PySponge(words):
+  """lowbias32 absorbing 32-bit words one at a time, in plain Python."""
+  def Mix(x):
+    x ^= x >> 16
+    x = (x * 0x21F0AAAD) & 0xFFFFFFFF
+    x ^= x >> 15
+    x = (x * 0x735A2D97) & 0xFFFFFFFF
+    return x ^ (x >> 15)
+  h = Mix(0x9E3779B9 ^ words[0])
+  for w in words[1:]:
+    h = Mix(h ^ w)
+  return h
+
+
+def test_hash_equals_a_plain_python_sponge_per_token():
+  """(seed, stream, step lo, step hi, token lo, token hi[, sub]) absorbed
+  word by word, for a tensor or a Python step (folded at trace time)."""
+  m = 0xFFFFFFFF
+  tokens = [0, 1, 2**32 + 5, 3 * 2**40 + 7, -2]
+  for seed, stream, step in ((7, 1, 3), (2**33 + 5, 3, 2**35 + 1),
+                             (0, 5, -1)):
+    for step_arg in (step, tf.constant(step, tf.int64)):
+      got = rr.TokenHash(seed, stream, step_arg,
+                         tf.constant(tokens, tf.int64), 3).numpy()
+      for i, t in enumerate(tokens):
+        key = [seed & m, stream & m, step & m, (step >> 32) & m, t & m,
+               (t >> 32) & m]
+        assert got[i].tolist() == [_PySponge(key + [s]) for s in range(3)]
