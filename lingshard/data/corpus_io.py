@@ -36,13 +36,20 @@ def IsSafeName(name):
           '..' not in name)
 
 
-def PrepareArgs(data_dir):
-  """`python -m` arguments of the prepare command that writes `data_dir`:
-  `--corpus=large` for a directory named LARGE_NAME, the default corpus
-  otherwise."""
-  large = os.path.basename(os.path.normpath(data_dir)) == LARGE_NAME
-  return (['lingshard.data.prepare'] + (['--corpus=large'] if large else []) +
+def BuilderArgs(module, data_dir, large_name, large_flag):
+  """`python -m` arguments of corpus builder `module` writing `data_dir`:
+  with `large_flag` when the directory is named `large_name` (the large
+  corpus's conventional directory), the default corpus otherwise."""
+  large = os.path.basename(os.path.normpath(data_dir)) == large_name
+  return ([module] + ([large_flag] if large else []) +
           ['--out', data_dir or '.'])
+
+
+def PrepareArgs(data_dir):
+  """`python -m` arguments of the prepare command that writes `data_dir`
+  (`--corpus=large` for a directory named LARGE_NAME)."""
+  return BuilderArgs('lingshard.data.prepare', data_dir, LARGE_NAME,
+                     '--corpus=large')
 
 
 def PrepareHint(path):

@@ -115,12 +115,10 @@ class LmCorpusError(ValueError):
 
 
 def PrepareArgs(data_dir):
-  """`python -m` arguments of the command that writes `data_dir`:
-  `--sources=large` for a directory named LARGE_NAME, the stdlib corpus
-  otherwise."""
-  large = os.path.basename(os.path.normpath(data_dir)) == LARGE_NAME
-  return (['lingshard.data.lm_prepare'] +
-          (['--sources=large'] if large else []) + ['--out', data_dir or '.'])
+  """`python -m` arguments of the command that writes `data_dir`
+  (`--sources=large` for a directory named LARGE_NAME)."""
+  return corpus_io.BuilderArgs('lingshard.data.lm_prepare', data_dir,
+                               LARGE_NAME, '--sources=large')
 
 def ProseBlocks(source):
   """Docstrings and comment blocks of one module's source text."""

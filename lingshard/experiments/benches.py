@@ -10,14 +10,10 @@ import sys
 from lingshard.experiments import runs as runs_lib
 
 
-def _Shown(argv):
-  return runs_lib.Shown(argv)
-
-
 def _Script(ctx, argv, log_name):
   """Runs a repository script with the machine to itself; returns stdout."""
   cmd = [sys.executable] + argv
-  print(f'  $ {_Shown(cmd)}', flush=True)
+  print(f'  $ {runs_lib.Shown(cmd)}', flush=True)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                         check=False)  # In the working directory.
@@ -25,9 +21,9 @@ def _Script(ctx, argv, log_name):
   with open(os.path.join(ctx.work_dir, log_name), 'w', encoding='utf-8') as f:
     f.write(proc.stdout + proc.stderr)
   if proc.returncode:
-    raise RuntimeError(f'exit {proc.returncode}: {_Shown(cmd)}\n'
+    raise RuntimeError(f'exit {proc.returncode}: {runs_lib.Shown(cmd)}\n'
                        f'{proc.stderr[-2000:]}')
-  return _Shown(cmd), proc.stdout
+  return runs_lib.Shown(cmd), proc.stdout
 
 
 def BenchStep(ctx, models, mode, variants=(), data_dir=None, reps=None,

@@ -70,14 +70,13 @@ def UnigramLogPplx(counts_v, labels):
   return float(-log_p_v[labels].mean())
 
 
-def Overrides(data_dir, extra=''):
+def Overrides(data_dir, vocab_size, extra=''):
   """--params_override reading `data_dir`: its train split, its vocabulary
-  and a vocab_size that matches it."""
-  vocab_path = os.path.join(data_dir, 'vocab.txt')
-  size = len(lm_inputs.VocabWords(vocab_path))
+  and its `vocab_size`."""
   return ';'.join(o for o in (
       f"input.file_pattern='{data_dir}/train.txt'",
-      f"input.vocab='{vocab_path}'", f'task.vocab_size={size}', extra) if o)
+      f"input.vocab='{data_dir}/vocab.txt'", f'task.vocab_size={vocab_size}',
+      extra) if o)
 
 
 def LatestResult(logdir):
@@ -106,11 +105,13 @@ def ScoreTable(result, unigram_log_pplx, num_labels):
 
 def Run(model, data_dir, logdir, train_args, extra_overrides, run):
   """The LM demo's steps (module docstring); `run(args)` runs `python -m
-  args`. Returns (table text, evaluated step)."""
+  args`. Returns (table text, evaluated step, training seconds)."""
   if not os.path.exists(os.path.join(data_dir, 'train.txt')):
     run(lm_prepare.PrepareArgs(data_dir))
+  words = lm_inputs.VocabWords(os.path.join(data_dir, 'vocab.txt'))
+  overrides = Overrides(data_dir, len(words), extra_overrides)
   base = ['lingshard.trainer', f'--model={model}', f'--logdir={logdir}',
-          f'--params_override={Overrides(data_dir, extra_overrides)}']
+          f'--params_override={overrides}']
   train_start = time.time()
   if train_args:
     run(base + ['--mode=train'] + train_args)
@@ -118,7 +119,6 @@ def Run(model, data_dir, logdir, train_args, extra_overrides, run):
   run(base + ['--mode=eval', '--eval_params_override='
               f"input.file_pattern='{data_dir}/{SPLIT}.txt'"])
   result = LatestResult(logdir)
-  words = lm_inputs.VocabWords(os.path.join(data_dir, 'vocab.txt'))
   labels = EvalLabels(model, data_dir)
   unigram = UnigramLogPplx(
       UnigramCounts(os.path.join(data_dir, 'train.txt'), words), labels)
