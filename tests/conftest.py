@@ -24,7 +24,6 @@ _LONG_FILES = (
     'tests/trainer/test_replica_routing.py',
     'tests/test_readme_gpipe.py',
     'tests/tools/test_demo_run.py',
-    'tests/tools/test_demo_lm_run.py',
     'tests/test_readme_lm.py',
     'tests/test_readme_spmd.py',
     'tests/models/test_mt_pipeline.py',

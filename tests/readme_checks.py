@@ -178,6 +178,44 @@ def _CheckExport(r):
   assert os.path.isfile(r.Path(m.group(1), 'saved_model.pb')), m.group(1)
 
 
+def _CheckDemo(r):
+  """The language-model demo (lingshard/tools/demo_lm.py) on the README's
+  lm_prepare corpus: trained in TF graph mode, the whole dev split scored
+  (every word and one </s> per sentence, all shorter than the largest
+  bucket), its numbers those of the evaluation's metrics file, below the
+  uniform model, and the unigram model's perplexity that of a plain
+  per-token loop over the training words."""
+  steps = lib.Flag(r.argv, 'max_steps')
+  assert re.search(rf'^step {steps}/{steps} loss \d+\.\d+', r.stdout,
+                   re.M), r.Why()
+  assert 'strategy default: 1 replica(s), jit off' in r.stdout, r.Why()
+  data_dir = r.Path(lib.Flag(First('lingshard.data.lm_prepare').argv, 'out'))
+  with open(os.path.join(data_dir, 'vocab.txt'), encoding='utf-8') as f:
+    words = f.read().splitlines()
+  with open(os.path.join(data_dir, 'dev.txt'), encoding='utf-8') as f:
+    dev = f.read().splitlines()
+  table = r.stdout.split('of the training tokens ==\n', 1)[1]
+  split, tokens, log_pplx, pplx, unigram_pplx, _ = table.splitlines()[1].split()
+  assert (split, tokens) == ('dev', f'{sum(len(s.split()) + 1 for s in dev):,}')
+  out_dir = r.Path(lib.Flag(r.argv, 'logdir'), 'eval_dev')
+  with open(os.path.join(out_dir, f'metrics-{int(steps):08d}.json'),
+            encoding='utf-8') as f:
+    entry = json.load(f)['languages']['all']
+  assert (log_pplx, pplx) == (f'{entry["log_pplx"]:.3f}',
+                              f'{math.exp(entry["log_pplx"]):.2f}')
+  assert 1.0 < entry['pplx'] < len(words)
+  index = {w: i for i, w in enumerate(words)}
+  counts = [0] * len(words)
+  with open(os.path.join(data_dir, 'train.txt'), encoding='utf-8') as f:
+    for line in f.read().splitlines():
+      for w in line.split() + ['</s>']:
+        counts[index.get(w, index['<unk>'])] += 1
+  total = sum(counts) + len(words)
+  log_p = [math.log((counts[index.get(w, index['<unk>'])] + 1) / total)
+           for s in dev for w in s.split() + ['</s>']]
+  assert unigram_pplx == f'{math.exp(-sum(log_p) / len(log_p)):.2f}'
+
+
 def _CheckPrintParams(r):
   model = lib.Flag(r.argv, 'model')
   params = model_registry.GetParams(model, 'Train')
@@ -312,6 +350,7 @@ CHECKS = {
     'lingshard.tools.count_params': _CheckCountParams,
     'scripts/tpu_vm/launch.py': _CheckTpuLaunch,
     'lingshard.experiments': _CheckReproduce,
+    'lingshard.tools.demo': _CheckDemo,
 }
 
 

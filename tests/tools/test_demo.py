@@ -1,5 +1,6 @@
 """Tests of the README demo's helpers (the demo itself runs in `make demo`;
-tests/tools/test_demo_run.py and test_demo_lm_run.py run it end to end)."""
+tests/tools/test_demo_run.py and the README command of lingshard.tools.demo
+on lm1b.TinyMoE (tests/readme_checks.py) run it end to end)."""
 
 import math
 
