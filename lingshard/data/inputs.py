@@ -260,6 +260,15 @@ class MtInput(base_input.BaseInputGenerator):
     return ([r[0] for r in rows], [r[2] for r in rows],
             [r[1] for r in rows], [tags[r[0]] for r in rows])
 
+  def _ColumnSlices(self, rows):
+    """Dataset of `_Columns(rows)`, one element per row. The columns become
+    tensors first: from_tensor_slices on Python lists walks them element by
+    element (2.8 s of a 2-step run on data/ui_m4's 117 languages)."""
+    lang, src, tgt, tag = self._Columns(rows)
+    return tf.data.Dataset.from_tensor_slices((
+        tf.constant(lang, tf.string), tf.constant(src, tf.string),
+        tf.constant(tgt, tf.string), tf.constant(tag, tf.int32)))
+
   def _HostShard(self, rows):
     """Every num_hosts-th row, starting at host_index."""
     p = self.params
@@ -325,7 +334,7 @@ class MtInput(base_input.BaseInputGenerator):
     probs = self.SamplingProbs()
     datasets, weights = [], []
     for lang, rows in groups.items():
-      ds = tf.data.Dataset.from_tensor_slices(self._Columns(rows))
+      ds = self._ColumnSlices(rows)
       if p.shuffle:
         ds = ds.shuffle(min(len(rows), p.shuffle_buffer_size),
                         seed=_DerivedSeed(p.seed, lang, p.host_index),
@@ -459,7 +468,7 @@ class MtInput(base_input.BaseInputGenerator):
         raise corpus_io.CorpusError(
             f'host {p.host_index} of {p.num_hosts} has no rows of '
             f'{p.file_pattern}')
-      ds = tf.data.Dataset.from_tensor_slices(self._Columns(rows))
+      ds = self._ColumnSlices(rows)
     else:
       self._CheckSomeExamplesFit()
       ds = self.SampledExamples()
