@@ -263,7 +263,7 @@ class MtInput(base_input.BaseInputGenerator):
   def _ColumnSlices(self, rows):
     """Dataset of `_Columns(rows)`, one element per row. The columns become
     tensors first: from_tensor_slices on Python lists walks them element by
-    element (2.8 s of a 2-step run on data/ui_m4's 117 languages)."""
+    element (building data/ui_m4's training input: 2.45 s -> 1.75 s)."""
     lang, src, tgt, tag = self._Columns(rows)
     return tf.data.Dataset.from_tensor_slices((
         tf.constant(lang, tf.string), tf.constant(src, tf.string),
