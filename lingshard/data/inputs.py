@@ -444,11 +444,15 @@ class MtInput(base_input.BaseInputGenerator):
                             window_size_func=lambda key: tf.gather(limits, key))
     return ds.map(self._ToBatch)
 
+  def EvalBatchSize(self):
+    """The rows of every eval batch but the last (which may have fewer)."""
+    p = self.params
+    return p.eval_batch_size or p.bucket_batch_limits[-1]
+
   def _EvalBatches(self, ds):
     p = self.params
     bounds = tf.constant(p.bucket_upper_bounds, tf.int32)
-    batch_size = p.eval_batch_size or p.bucket_batch_limits[-1]
-    ds = ds.map(self._Truncate).padded_batch(batch_size)
+    ds = ds.map(self._Truncate).padded_batch(self.EvalBatchSize())
 
     def Bucketed(ex):
       longest = tf.maximum(tf.shape(ex['src_ids'])[1],

@@ -77,6 +77,11 @@ def BestHypotheses(decoded):
   return ids, np.asarray(lengths)
 
 
+def RepeatLastRow(t, rows):
+  """`t` [b, ...] with its last row repeated to `rows` >= b rows."""
+  return tf.concat([t, tf.repeat(t[-1:], rows - t.shape[0], axis=0)], 0)
+
+
 def _Texts(tensor):
   return [t.decode('utf-8') for t in np.asarray(tensor).reshape([-1])]
 
@@ -97,11 +102,19 @@ class MtDecoder(decode_loop.BaseDecoder):
     The search is XLA-compiled when the task's `params.decode.jit` is set.
     high_resource: languages scored as `high` (the rest as `low`); None
       scores no high / low groups.
+    batch_size: the input's batch size, or None. A smaller batch (an eval
+      input's last) is decoded with its last row repeated up to it and the
+      copies' outputs dropped, so the search is traced and compiled once
+      per bucket shape, not again for the last batch. Rows decode
+      independently (inference MoE routes each token alone:
+      TransformerMTModel.InferenceParams), so the real rows' hypotheses are
+      unchanged.
   """
 
   def __init__(self, task, target_detokenizer, source_detokenizer=None,
-               decode_kwargs=None, high_resource=None):
+               decode_kwargs=None, high_resource=None, batch_size=None):
     self.task = task
+    self._batch_size = batch_size
     self._tgt = target_detokenizer
     self._src = source_detokenizer
     self._high = high_resource
@@ -116,8 +129,14 @@ class MtDecoder(decode_loop.BaseDecoder):
 
   def DecodeBatch(self, theta, batch):
     """Records of one batch."""
+    rows = int(batch.src.ids.shape[0])
+    src_ids, src_paddings = batch.src.ids, batch.src.paddings
+    if self._batch_size and rows < self._batch_size:
+      src_ids, src_paddings = (RepeatLastRow(t, self._batch_size)
+                               for t in (src_ids, src_paddings))
     ids, lengths = BestHypotheses(
-        self._decode(theta, batch.src.ids, batch.src.paddings))
+        self._decode(theta, src_ids, src_paddings))
+    ids, lengths = ids[:rows], lengths[:rows]
     hyps = [self._tgt(row[:n]) for row, n in zip(ids, lengths)]
     if 'strs' in batch.tgt:
       refs = _Texts(batch.tgt.strs)
@@ -266,4 +285,5 @@ def ForTask(task, input_generator, train_input_generator=None):
             is not None else None)
   return MtDecoder(task, Detokenizer(target_file), Detokenizer(source_file),
                    high_resource=(HighResourceLanguages(counts)
-                                  if counts is not None else None))
+                                  if counts is not None else None),
+                   batch_size=input_generator.EvalBatchSize())

@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 
 from lingshard.decoding import flat_beam_search
+from lingshard.models import mt_decoder
 from lingshard.models import mt_model
 from tests.models import mt_testlib
 
@@ -168,3 +169,33 @@ def test_xla_compiled_search_equals_op_by_op(beam_size):
   np.testing.assert_allclose(out[True].scores.numpy(),
                              out[False].scores.numpy(), rtol=1e-5)
   assert task.params.decode.jit  # What the trainer's decoder uses.
+
+
+def test_short_last_batch_decodes_as_alone_in_one_trace():
+  """MtDecoder(batch_size=B) decodes a batch of fewer rows (an eval input's
+  last) with its last row repeated up to B: the same hypotheses as decoding
+  it alone, and one trace (one XLA compile) of the search for both sizes."""
+  train, task = _Tasks(use_moe=True)
+  traces = []
+  decode = task.Decode
+
+  def CountedDecode(*args, **kwargs):
+    traces.append(args[1].shape[0])  # Python runs once per trace.
+    return decode(*args, **kwargs)
+
+  task.Decode = CountedDecode
+  ids_text = lambda ids: ' '.join(str(int(i)) for i in ids)  # noqa: E731
+  full = mt_testlib.SyntheticBatch(task.params, batch_size=5, seed=5)
+  last = mt_testlib.SyntheticBatch(task.params, batch_size=3, seed=6,
+                                   src_lengths=[6, 3, 2])
+  padded = mt_decoder.MtDecoder(task, ids_text, ids_text, batch_size=5,
+                                decode_kwargs=dict(max_decode_len=6))
+  alone = mt_decoder.MtDecoder(task, ids_text, ids_text,
+                               decode_kwargs=dict(max_decode_len=6))
+  got = [padded.DecodeBatch(train.theta, b) for b in (full, last)]
+  assert traces == [5]
+  want = alone.DecodeBatch(train.theta, last)
+  assert traces == [5, 3]
+  assert [len(r) for r in got] == [5, 3]
+  assert got[1] == want
+  assert len({r.hypothesis for r in want}) > 1  # Not the copied row's.
