@@ -476,6 +476,10 @@ class MtInput(base_input.BaseInputGenerator):
     else:
       self._CheckSomeExamplesFit()
       ds = self.SampledExamples()
+    # The vocabularies load here, after the corpus is found (its error comes
+    # first), not in _Featurize's trace: autograph would try, and warn that
+    # it fails, to convert the file checks of loading.
+    self._Vocabs()
     ds = ds.map(self._Featurize, num_parallel_calls=tf.data.AUTOTUNE,
                 deterministic=True)
     ds = self._EvalBatches(ds) if p.is_inference else self._TrainBatches(ds)
