@@ -77,7 +77,7 @@ def BestHypotheses(decoded):
   return ids, np.asarray(lengths)
 
 
-def RepeatLastRow(t, rows):
+def _RepeatLastRow(t, rows):
   """`t` [b, ...] with its last row repeated to `rows` >= b rows."""
   return tf.concat([t, tf.repeat(t[-1:], rows - t.shape[0], axis=0)], 0)
 
@@ -132,7 +132,7 @@ class MtDecoder(decode_loop.BaseDecoder):
     rows = int(batch.src.ids.shape[0])
     src_ids, src_paddings = batch.src.ids, batch.src.paddings
     if self._batch_size and rows < self._batch_size:
-      src_ids, src_paddings = (RepeatLastRow(t, self._batch_size)
+      src_ids, src_paddings = (_RepeatLastRow(t, self._batch_size)
                                for t in (src_ids, src_paddings))
     ids, lengths = BestHypotheses(
         self._decode(theta, src_ids, src_paddings))
