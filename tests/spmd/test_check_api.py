@@ -226,3 +226,57 @@ def test_comparison_is_dtype_aware_and_exact_for_integers():
                         (ref[:2] * 1.01).astype(bf16)).ok
   assert not check.Compare('i', np.array([1, 2]), np.array([1, 3])).ok
   assert check.Compare('i', np.array([1, 2]), np.array([1, 2])).ok
+
+
+def _KinkedGradient(seed=0):
+  """A wi-like gradient [E, M, H] and the same with one token's
+  contribution to one hidden unit of one expert changed: what rounding
+  across a ReLU kink does (check.ISOLATED_FRACTION)."""
+  rng = np.random.default_rng(seed)
+  ref = rng.normal(size=[8, 16, 32]).astype(np.float32)
+  got = ref.copy()
+  got[5, :, 3] += 0.01 * rng.normal(size=16).astype(np.float32)
+  return ref, got
+
+
+def test_isolated_elements_beyond_tolerance_pass_and_are_counted():
+  ref, got = _KinkedGradient()
+  e = check.Compare('grads.moe.wi', ref, got)
+  beyond = int(np.count_nonzero(np.abs(got - ref) > 1e-4 * np.abs(ref).max()
+                                + 1e-6))
+  assert 0 < beyond <= 16 and e.max_rel > 1e-4
+  assert e.ok and (e.beyond, e.size) == (beyond, 4096)
+
+
+def test_errors_over_a_shard_or_in_small_outputs_are_mismatches():
+  ref, got = _KinkedGradient()
+  shard = ref.copy()
+  shard[:1] *= 1.01  # One of 8 expert shards: 512 of 4096 elements.
+  e = check.Compare('grads.moe.wi', ref, shard)
+  assert not e.ok and e.beyond > 0.01 * e.size
+  # Under 100 elements: no allowance, one element off is a mismatch.
+  small = ref[0, 0, :].copy()
+  off = small.copy()
+  off[3] += 0.01
+  e = check.Compare('grads.b', small, off)
+  assert not e.ok and (e.beyond, e.size) == (1, 32)
+  # An allowance only for floats: integers stay exact.
+  ints = np.arange(1000)
+  assert not check.Compare('ids', ints, np.where(ints == 7, 8, ints)).ok
+
+
+def test_report_names_isolated_and_mismatched_tensors():
+  r = check.CheckFunction(
+      lambda inp: NestedMap(y=sharding.split(inp.x * 2.0, 0, 8)),
+      NestedMap(x=np.ones([8, 2], np.float32)), 8, name='doubled')
+  assert r.ok and '    isolated' not in r.Report()
+  ref, got = _KinkedGradient()
+  isolated = check.Compare('grads.moe.wi', ref, got)
+  r.errors = [isolated, check.Compare('y', np.ones(4), np.zeros(4))]
+  r.matches = False
+  report = r.Report()
+  assert (f'    isolated grads.moe.wi float32[8, 16, 32]: abs '
+          f'{isolated.max_abs:.3g} rel {isolated.max_rel:.3g} (tolerance rel '
+          f'0.0001) in {isolated.beyond} of 4096 elements') in report
+  assert ('    MISMATCH y float64[4]: abs 1 rel 1 (tolerance rel 1e-09) in '
+          '4 of 4 elements') in report
