@@ -61,16 +61,16 @@ _TOLERANCES = {
     'float16': (5e-3, 1e-4),
 }
 # A float output may differ beyond tolerance in at most this fraction of its
-# elements: discontinuities hit by rounding. Partitioned reductions move a
-# ReLU pre-activation within rounding of 0 to its other side (or a routing
-# score across its threshold), which changes one token's contribution to one
-# hidden unit: a column of one expert's wi gradient (measured:
-# gpipe.TinyMoEPipelined on 2x2x2 on an AVX-512 host, 40 of 524,288
-# elements of a decoder wi gradient, all in hidden unit 130 of expert 5,
-# max rel 2e-3; every other tensor within 5e-5). A partitioning
-# error is shaped by the shards: it touches a shard's share or more (an
-# all-reduce left out: every element), and outputs of under 100 elements
-# get no allowance at all.
+# elements: a discontinuity hit by rounding. Partitioned reductions move a
+# ReLU pre-activation within rounding of 0 to its other side, which changes
+# one token's contribution to one hidden unit: a column of one expert's wi
+# gradient (measured: gpipe.TinyMoEPipelined on 2x2x2, AVX-512 host, 40 of
+# 524,288 elements of a decoder wi gradient, all in hidden unit 130 of
+# expert 5, max rel 2e-3; every other tensor within 5e-5). A routing choice
+# flipped by rounding changes a whole expert's gradient, 1/E of wi: allowed
+# only with E > 100. A partitioning error is shaped by the shards: it touches
+# a shard's share or more (an all-reduce left out: every element); outputs
+# of under 100 elements get no allowance at all.
 ISOLATED_FRACTION = 0.01
 
 
@@ -89,8 +89,8 @@ class TensorError:
   max_rel is max|got - ref| / max|ref| (normwise, so near-zero entries do
   not dominate). `beyond` counts the elements with |got - ref| > rtol *
   max|ref| + atol; ok iff the non-finite entries agree and `beyond` is 0,
-  or at most ISOLATED_FRACTION of the elements of a float output (exact for
-  integer and bool outputs; module constant's comment says why).
+  or at most ISOLATED_FRACTION of the elements of a float output (see its
+  comment); integer and bool outputs must match exactly.
   """
   name: str
   dtype: str
