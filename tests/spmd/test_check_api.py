@@ -221,6 +221,9 @@ def test_comparison_is_dtype_aware_and_exact_for_integers():
   assert not e.ok and e.max_rel == pytest.approx(5e-4, rel=1e-3)
   assert not check.Compare('a', ref, np.array(
       [1.0, -2.0, -np.inf, np.nan], np.float32)).ok
+  # A non-finite entry that differs counts among the elements off.
+  e = check.Compare('a', ref, np.array([1.0, -2.0, np.inf, 0.0], np.float32))
+  assert not e.ok and (e.beyond, e.size) == (1, 4)
   bf16 = tf.bfloat16.as_numpy_dtype
   assert check.Compare('b', ref[:2].astype(bf16),
                         (ref[:2] * 1.01).astype(bf16)).ok
