@@ -9,6 +9,7 @@ import tensorflow as tf
 from lingshard import sharding
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
+from lingshard.spmd import xla_runtime
 
 G, S, M, E, C = 8, 4, 8, 8, 2
 
@@ -199,3 +200,30 @@ def test_replicate_keeps_every_device_whole():
   assert r.output_shardings['y'] == '{replicated}'
   assert r.CollectiveCounts()['all-gather'] + r.CollectiveCounts()[
       'all-reduce'] + r.CollectiveCounts()['collective-permute'] >= 1
+
+
+def test_llvm_level_changes_no_partitioned_program_size_or_result():
+  """The checker compiles at xla_runtime.BACKEND_OPTIMIZATION_LEVEL (0):
+  the partitioned HLO, its buffers and its outputs are XLA's level-2 ones."""
+  rng = _Rng(3)
+  inputs = NestedMap(x_gsm=rng.normal(size=[G, S, M]).astype(np.float32),
+                     w_mh=rng.normal(size=[M, 16]).astype(np.float32))
+
+  def Fn(inp):
+    h = tf.nn.relu(tf.einsum('GSM,MH->GSH', sharding.split(inp.x_gsm, 0, 8),
+                             inp.w_mh))
+    return NestedMap(loss=tf.reduce_sum(tf.tanh(h)),
+                     h=sharding.split(h, 0, 8))
+
+  r = check.CheckFunction(Fn, inputs, 8, compare=False)
+  assert xla_runtime.BACKEND_OPTIMIZATION_LEVEL == 0
+  values = [np.asarray(v) for v in inputs.Flatten()]
+  shapes = [(G, S, 16), ()]  # NestedMap order: h, loss.
+  exes = [xla_runtime.CompileSpmd(r.exported_hlo, 8, level)
+          for level in (0, 2)]
+  assert exes[0].hlo_text == exes[1].hlo_text
+  assert exes[0].MemoryStats() == exes[1].MemoryStats()
+  assert exes[0].CostAnalysis() == exes[1].CostAnalysis()
+  outs = [exe.Run(values, shapes) for exe in exes]
+  for a, b in zip(*outs):
+    np.testing.assert_allclose(a, b, rtol=1e-5)
