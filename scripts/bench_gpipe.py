@@ -28,9 +28,7 @@ both in units of one sequence's activations of one layer.
 
 (b) Efficiency (§2.3): per-device FLOPs of the pipelined program (XLA cost
 analysis) for K stages and M micro-batches against the unpipelined step
-(K = 1, M = 1, one device) divided by K, on the schedule as a Python loop
-(`loop=False`; the default while loop runs the same iterations, but XLA's
-cost analysis counts a loop's body once). The SPMD pipeline runs all K
+(K = 1, M = 1, one device) divided by K. The SPMD pipeline runs all K
 stages in each of its M + K - 1 iterations, bubble iterations included,
 so the FLOPs efficiency is M / (M + K - 1) = 1 - the bubble (K-1)/(M+K-1).
 The measured wall-clock speedup on K virtual CPU devices is printed too;
@@ -82,8 +80,7 @@ flags.DEFINE_string('out_dir', '/tmp/bench_gpipe',
 MAX_DEVICES = 8
 
 
-def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
-                 loop=True):
+def _LayerParams(num_layers, num_stages, num_micro_batches, remat):
   # pylint: disable=g-import-not-at-top
   import numpy as np
   from lingshard.layers import pipeline
@@ -104,7 +101,7 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
   p = pipeline.PipelinedLayer.Params().Set(
       name='stack', body_tpl=body, num_layers=num_layers,
       num_stages=num_stages, num_micro_batches=num_micro_batches,
-      remat=remat, loop=loop)
+      remat=remat)
   if num_stages > 1:
     p.device_mesh = np.arange(num_stages)
     p.stage_mesh_axis = 0
@@ -112,7 +109,7 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
 
 
 def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
-             batch_size=None, loop=True):
+             batch_size=None):
   """Partitions one train step; returns (CheckResult, median run seconds)."""
   # pylint: disable=g-import-not-at-top
   import numpy as np
@@ -122,7 +119,7 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
   layer = _LayerParams(num_layers, num_stages, num_micro_batches,
-                       remat, loop).Instantiate()
+                       remat).Instantiate()
   n, t, m = batch_size or FLAGS.batch_size, FLAGS.seq_len, FLAGS.model_dim
   rng = np.random.RandomState(0)
   inputs = NestedMap(
@@ -182,15 +179,11 @@ def _MemoryRows(layers, micro_batches):
 
 
 def _EfficiencyRows(stages, micro_batches):
-  # The Python-loop schedule (loop=False): XLA's cost analysis counts a
-  # while loop's body once, not once per iteration.
-  ref, ref_seconds = _Measure(FLAGS.eff_layers, 1, 1, True, run=True,
-                              loop=False)
+  ref, ref_seconds = _Measure(FLAGS.eff_layers, 1, 1, True, run=True)
   rows = []
   for k in stages:
     for mb in micro_batches:
-      r, seconds = _Measure(FLAGS.eff_layers, k, mb, True, run=True,
-                            loop=False)
+      r, seconds = _Measure(FLAGS.eff_layers, k, mb, True, run=True)
       kinds = r.CollectiveCounts()
       rows.append(dict(
           stages=k, micro_batches=mb, flops_per_device=r.flops,

@@ -10,23 +10,16 @@ splits (pipeline_partition), one FProp's state and the micro-batch layout
 (pipeline_run: micro-batches are blocked within data shards, so an MoE
 body's groups are the unpipelined model's). This module is the schedule.
 
-The schedule (GPipe §2, fill-drain; the XLA SPMD path), each step a hook a
+The schedule (GPipe §2, fill-drain; the XLA SPMD path), a static Python
+loop (simple for XLA; the program grows with M + K), each step a hook a
 subclass may override to run another schedule:
 
     state = Shift(Entering(0), zeros [K, b, ...])
     for i in range(NumIterations(M, K)):             # M + K - 1
       stage_mb = StageMicroBatches(i, M, K)          # [K]; -1 = bubble
       out, aux = RunStages(theta, state, stage_mb)   # every stage, its S slots
-      Collect(i, out, aux)                           # last stage: mb i - K + 1
+      Collect(i, out, aux, stage_mb)                 # last stage: mb i - K + 1
       state = Shift(Entering(i + 1), out)            # stage k -> stage k + 1
-
-Iteration 0 is traced on its own (it fixes the shapes of the aux), the
-others run as one `tf.while_loop` (`loop=True`, with remat): the program
-holds two iterations whatever M and K (the stages are vectorised), not
-M + K - 1 of them. Collected values go to [N, ...] buffers and the
-micro-batches wait in a queue [b, M, ...] carried through the loop, all
-annotated (pipeline_run). `loop=False` (and `remat=False`, whose gradient
-XLA cannot compile inside a while loop) traces every iteration.
 
 The state [K, b, ...] (K over `stage_mesh_axis`, b over `batch_mesh_axis`)
 holds each stage's current input (x, paddings and the per-example
@@ -85,7 +78,8 @@ from lingshard.layers import remat
 from lingshard.nested_map import NestedMap
 
 
-PipelineError = pipeline_run.PipelineError
+class PipelineError(ValueError):
+  """A pipeline configuration that cannot run (one line)."""
 
 
 class PipelinedLayer(base_layer.BaseLayer):
@@ -105,12 +99,6 @@ class PipelinedLayer(base_layer.BaseLayer):
     p.Define('micro_batch_size', None,
              'b: examples per micro-batch (or set num_micro_batches).')
     p.Define('remat', True, 'Recompute each stage forward in backprop.')
-    p.Define('loop', True,
-             'Run iterations 1 ... N-1 as one tf.while_loop (the program '
-             'holds two iterations whatever M and K); False: a Python loop '
-             '(the program holds all M + K - 1; XLA\'s cost analysis then '
-             'counts each). Without remat the iterations are always a '
-             'Python loop.')
     p.Define('layer_costs', None,
              'Optional L estimated layer costs; None = each layer\'s own '
              'matmul FLOPs per token (2 x its weights, as count_params).')
@@ -249,9 +237,27 @@ class PipelinedLayer(base_layer.BaseLayer):
     return self._stack.tpl.Pack(leaves)
 
   # ------------------------------------------------------------------ fprop
-  def NumMicroBatches(self, batch):
-    """M for a mini-batch of `batch` examples (PipelineError if none)."""
-    return pipeline_run.NumMicroBatches(self.params, batch, self.DataShards())
+  def _NumMicroBatches(self, batch):
+    p = self.params
+    if p.num_micro_batches is not None:
+      if batch % p.num_micro_batches:
+        raise PipelineError(f'{p.name}: num_micro_batches '
+                            f'{p.num_micro_batches} does not divide the batch '
+                            f'{batch}; use a divisor of {batch}')
+      m = p.num_micro_batches
+    else:
+      if batch % p.micro_batch_size:
+        raise PipelineError(f'{p.name}: micro_batch_size '
+                            f'{p.micro_batch_size} does not divide the batch '
+                            f'{batch}; use a divisor of {batch}')
+      m = batch // p.micro_batch_size
+    d = self.DataShards()
+    if (batch // m) % d:
+      raise PipelineError(f'{p.name}: micro-batches of {batch // m} '
+                          f'examples do not split over the {d} data shards '
+                          f'of batch_mesh_axis {p.batch_mesh_axis}; use a '
+                          f'batch divisible by {m * d}')
+    return m
 
   def DataShards(self):
     """D: the size of batch_mesh_axis in the device mesh (1 if none)."""
@@ -326,7 +332,7 @@ class PipelinedLayer(base_layer.BaseLayer):
     if batch is None:
       raise PipelineError(f'{p.name}: the batch dim of the inputs must be '
                           'static')
-    m = self.NumMicroBatches(int(batch))
+    m = self._NumMicroBatches(int(batch))
     k = p.num_stages
     run = pipeline_run.Run(
         self, self.ShardTheta(theta.Transform(_DenseGradient)),
@@ -335,18 +341,14 @@ class PipelinedLayer(base_layer.BaseLayer):
                                            [k] + e.shape.as_list()))
              for e, b in zip(self.Entering(run, 0), run.bubble)]
     n = self.NumIterations(m, k)
-    run.Schedule(np.stack([self.StageMicroBatches(i, m, k)
-                           for i in range(n)]))
-
-    def Iteration(i, state):
-      out, aux_list = self.RunStages(run, state, run.StageMicroBatches(i))
-      self.Collect(run, i, out, aux_list)
-      return [self.Shift(e, t) for e, t in
-              zip(self.Entering(run, i + 1), [out] + state[1:])]
-
-    run.Iterate(Iteration, state, n, loop=p.remat and p.loop)
-    outputs, aux_rows = run.Collected(k - 1)
-    return run.Unblock(outputs), self._PerLayerAux(aux_rows)
+    for i in range(n):
+      stage_mb = self.StageMicroBatches(i, m, k)
+      out, aux_list = self.RunStages(run, state, stage_mb)
+      self.Collect(run, i, out, aux_list, stage_mb)
+      if i + 1 < n:
+        state = [self.Shift(e, t) for e, t in
+                 zip(self.Entering(run, i + 1), [out] + state[1:])]
+    return run.Unblock(tf.stack(run.outputs)), self._PerLayerAux(run.aux_rows)
 
   # ----------------------------------------------------- the schedule hooks
   def NumIterations(self, m, k):
@@ -360,10 +362,11 @@ class PipelinedLayer(base_layer.BaseLayer):
                     np.int64)
 
   def Entering(self, run, i):
-    """The tensors entering stage 0 in iteration i, an int or a scalar
-    tensor (from M on: the bubble's micro-batch, zeros with paddings 1);
-    called once per iteration, in order (pipeline_run.Run.Entering)."""
-    return run.Entering(i)
+    """The tensors entering stage 0 in iteration i (after M: the bubble's
+    micro-batch, zeros with paddings 1)."""
+    if i < run.m:
+      return [t[i] for t in run.micro]
+    return list(run.bubble)
 
   def Shift(self, entering, t):
     """[entering, t[0], ..., t[K-2]]: stage k+1 gets stage k's tensor.
@@ -380,13 +383,16 @@ class PipelinedLayer(base_layer.BaseLayer):
                    shifted)
     return self._ShardState(out)
 
-  def Collect(self, run, i, out, aux_list):
-    """Keeps iteration i's last-stage output (micro-batch i - K + 1 from
-    i = K - 1 on) and every stage's aux; `_PerLayerAux` keeps the aux of
-    the stages that worked on a real micro-batch."""
-    # A masked sum over K, not a slice: XLA SPMD makes it an all-reduce
-    # (a slice of the split dim and its gradient become all-to-alls).
-    run.Accumulate(i, tf.reduce_sum(out * run.last_mask, 0), aux_list)
+  def Collect(self, run, i, out, aux_list, stage_mb):
+    """Keeps the last stage's output (micro-batch i - K + 1) and the aux
+    of every stage that worked on a real micro-batch."""
+    k = self.params.num_stages
+    if i >= k - 1:
+      # A masked sum over K, not a slice: XLA SPMD makes it an all-reduce
+      # (a slice of the split dim and its gradient become all-to-alls).
+      run.outputs.append(tf.reduce_sum(out * run.last_mask, 0))
+    valid = (np.asarray(stage_mb) >= 0).astype(np.float32)
+    run.aux_rows.append((aux_list, valid[:, np.newaxis] * self._stack.active))
 
   def RunStages(self, run, state, stage_mb):
     """Every stage's S slots on its state, vectorised over K; returns
@@ -399,9 +405,9 @@ class PipelinedLayer(base_layer.BaseLayer):
     p = self.params
     s, k = self._stack.slots, p.num_stages
     body, step = self.body, run.step
-    rows = tf.gather(tf.constant(run.rows), tf.maximum(stage_mb, 0))  # [K, b]
+    rows = run.rows[np.maximum(np.asarray(stage_mb), 0)]  # [K, b]
     consts = [tf.constant(self._stack.layer_ids),
-              tf.constant(self._stack.active), rows]
+              tf.constant(self._stack.active), tf.constant(rows)]
     if run.aux_tpls is None:
       run.aux_tpls = [None] * s
     aux_tpls = run.aux_tpls
@@ -478,30 +484,13 @@ class PipelinedLayer(base_layer.BaseLayer):
     p = self.params
     return self._Annotate(t, [p.stage_mesh_axis, p.batch_mesh_axis])
 
-  def ShardAccumulated(self, t, over_stages):
-    """[N, K, ...] (over_stages) or [N, b, ...]: the schedule's per
-    iteration values, K over the stage axis or b over the batch axis."""
-    p = self.params
-    if p.device_mesh is None:
-      return t
-    axis = p.stage_mesh_axis if over_stages else p.batch_mesh_axis
-    # Annotated even when replicated: left free, the partitioner may split
-    # the iterations dim (then all-to-alls reshard each iteration's row).
-    axis = -1 if axis is None else axis
-    return sharding.mesh_split(t, p.device_mesh,
-                               [-1, axis] + [-1] * (t.shape.rank - 2),
-                               p.mesh_axis_names)
-
   def ShardBatch(self, t):
     """[D, ...]: D over the batch axis."""
     return self._Annotate(t, [self.params.batch_mesh_axis])
 
   def _PerLayerAux(self, aux_rows):
     """L auxes, each combined over its micro-batches, from the
-    iterations' (per slot aux, [K] micro-batch) (bubble stages dropped)."""
-    aux_rows = [(aux_list, (np.asarray(stage_mb) >= 0).astype(
-        np.float32)[:, np.newaxis] * self._stack.active)
-                for aux_list, stage_mb in aux_rows]
+    iterations' aux (stages in the bubble dropped)."""
     per_layer = pipeline_aux.PerLayer(aux_rows, self._stack.layer_ids,
                                       self.params.num_layers)
     return [self._CombineMicroBatches(values) for values in per_layer]

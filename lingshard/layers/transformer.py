@@ -426,7 +426,7 @@ class TransformerStack(base_layer.BaseLayer):
     if p.is_inference or x.shape[0] is None:
       return
     batch, length = int(x.shape[0]), int(x.shape[1])
-    m = pipe.NumMicroBatches(batch)
+    m = pipe._NumMicroBatches(batch)  # pylint: disable=protected-access
     tokens = batch // m // pipe.DataShards() * length
     if tokens % p.moe_tpl.group_size:
       raise ValueError(f'{p.name}: a micro-batch has {tokens} tokens per '
