@@ -9,10 +9,9 @@ import os
 
 # No automatic garbage collection in the test processes: the full
 # collections that TF's traced graphs trigger cost a worker 30-75 s of a
-# session, one of them alone 62 s (measured with gc callbacks, 2 cores).
-# Without them `make test` took 532 s instead of 550-610 s, with a peak of
-# 6.4 GB per worker (24 GB machine). Subprocesses (README commands, trainer
-# runs) are unaffected.
+# session, one pause alone 62 s (gc callbacks, 2 cores); without them a
+# worker peaks at 6.4 GB (24 GB machine). Subprocesses (README commands,
+# trainer runs) collect as usual.
 gc.disable()
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
