@@ -17,13 +17,10 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard import hyperparams
+from lingshard import input_error
 from lingshard.nested_map import NestedMap
 
-
-class InputError(ValueError):
-  """An input pipeline that cannot produce data: a missing corpus or
-  vocabulary, data that yields no batch. The message is one line naming the
-  file or param and what to do."""
+InputError = input_error.InputError
 
 
 class BaseInputGenerator:

@@ -9,7 +9,7 @@ import collections
 import os
 import re
 
-from lingshard import base_input
+from lingshard import input_error
 
 TSV_SUFFIX = '.tsv'
 # Placeholder- and HTML-free subset of a split, e.g. 'train.noph.tsv'.
@@ -25,7 +25,7 @@ _SAFE_NAME_RE = re.compile(r'[A-Za-z0-9_@.-]+')
 SAFE_NAME_RULE = "letters, digits, '_', '@', '.', '-' only, no '..'"
 
 
-class CorpusError(base_input.InputError):
+class CorpusError(input_error.InputError):
   """A corpus file is missing, empty or malformed."""
 
 

@@ -1,0 +1,81 @@
+"""lingshard/startup.py: TensorFlow loads without jax and matplotlib in a
+process that imports lingshard first; both import and work afterwards;
+tf.keras still loads; a process that imported TensorFlow first keeps them.
+The corpus tools start without TensorFlow (lingshard/input_error.py).
+Each case runs in a fresh interpreter (the import system is per process)."""
+
+import json
+import subprocess
+import sys
+
+from tests import readme_testlib
+
+_AFTER_LINGSHARD = r'''
+import json, sys
+import lingshard.trainer
+from lingshard import startup
+seen = {name: name in sys.modules for name in ('tensorflow', 'jax',
+                                               'matplotlib')}
+finder_left = startup._FINDER in sys.meta_path
+import tensorflow as tf
+loader = type(tf.__loader__).__name__
+import jax.numpy as jnp
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
+plt.figure()
+total = float(jnp.arange(4.0).sum())
+adam = type(tf.keras.optimizers.Adam(0.1)).__name__
+print(json.dumps(dict(seen=seen, finder_left=finder_left, loader=loader,
+                      total=total, adam=adam)))
+'''
+
+_TF_FIRST = r'''
+import json, sys
+import tensorflow
+import lingshard.trainer
+from lingshard import startup
+print(json.dumps(dict(jax='jax' in sys.modules,
+                      finder=startup._FINDER in sys.meta_path)))
+'''
+
+
+def _Run(code):
+  proc = subprocess.run([sys.executable, '-c', code], env=readme_testlib.Env(),
+                        capture_output=True, text=True, timeout=120,
+                        check=False)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_tensorflow_loads_without_jax_and_matplotlib_which_still_work():
+  out = _Run(_AFTER_LINGSHARD)
+  assert out['seen'] == {'tensorflow': True, 'jax': False,
+                         'matplotlib': False}
+  assert not out['finder_left']
+  assert out['loader'] == 'SourceFileLoader'  # Its own loader back.
+  assert out['total'] == 6.0
+  assert out['adam'] == 'Adam'
+
+
+def test_tensorflow_imported_first_keeps_its_imports():
+  # jax installed (the spmd extra): TensorFlow's own import loads it.
+  assert _Run(_TF_FIRST) == {'jax': True, 'finder': False}
+
+
+def test_corpus_tools_start_without_tensorflow():
+  code = ('import json, sys\n'
+          'import lingshard.data.prepare, lingshard.data.stats\n'
+          'import lingshard.data.lm_prepare\n'
+          'from lingshard import base_input\n'
+          'print(json.dumps(sorted(m for m in ("tensorflow", "jax") '
+          'if m in sys.modules)))\n')
+  assert _Run(code) == ['tensorflow']  # base_input's import, last.
+  code_without = code.replace('from lingshard import base_input\n', '')
+  assert _Run(code_without) == []
+
+
+def test_corpus_errors_are_the_trainers_input_errors():
+  from lingshard import base_input
+  from lingshard.data import corpus_io
+  assert issubclass(corpus_io.CorpusError, base_input.InputError)
