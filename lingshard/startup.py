@@ -4,17 +4,22 @@ features lingshard never uses (start-up time of every command).
 `import tensorflow` (2.21) also imports, when they are installed:
 - jax (~0.35 s): `tensorflow/lite/python/util.py` imports `jax.jit` for
   TFLite's converter from JAX functions;
-- matplotlib.pyplot (~0.4 s): Keras 3, which TensorFlow loads eagerly,
-  imports it for `keras.visualization`.
-lingshard's `spmd` extra installs both (the SPMD checker's XLA, the
-experiments' plots), so every lingshard process paid ~0.7 s of its
-~2.6 s TensorFlow import for them (`import lingshard.trainer`: 3.55 s
-before, 2.87 s after, measured). `HideOptionalImports` (installed by
-`lingshard/__init__.py`) hides the two while TensorFlow's own module runs:
-those two features then see the packages as absent (in a lingshard
-process, `TFLiteConverter.experimental_from_jax` and Keras' image-gallery
-plots raise ImportError), and both packages import normally afterwards
-(`lingshard.spmd` imports jax, the experiments import matplotlib).
+- Keras 3 (~0.5 s with what it imports): TensorFlow imports
+  `keras.src.optimizers` eagerly (so that a SavedModel holding Keras
+  optimizers finds them registered; ImportError is allowed) and `tf.keras`
+  is a lazy loader; Keras would also import
+- matplotlib.pyplot (~0.4 s) for `keras.visualization`.
+lingshard's `spmd` extra installs jax and matplotlib (the SPMD checker's
+XLA, the experiments' plots) and TensorFlow installs Keras, so every
+lingshard process paid ~1.2 s of its ~2.6 s TensorFlow import for them
+(`import lingshard.trainer`, measured: 3.55 s with all three, 2.87 s
+without jax and matplotlib, 2.36 s without Keras too).
+`HideOptionalImports` (installed by `lingshard/__init__.py`) hides the three
+while TensorFlow's own module runs: TFLite's JAX converter sees jax as
+absent (`TFLiteConverter.experimental_from_jax` raises ImportError in a
+lingshard process), Keras is imported by the first use of `tf.keras`, and
+all three packages import normally afterwards (`lingshard.spmd` imports
+jax, the experiments import matplotlib).
 
 Only a first `import tensorflow` after `import lingshard` is affected; a
 process that imported TensorFlow earlier keeps what it has.
@@ -25,7 +30,7 @@ import importlib.machinery
 import sys
 
 # Top-level packages hidden while tensorflow/__init__.py runs.
-HIDDEN = ('jax', 'matplotlib')
+HIDDEN = ('jax', 'matplotlib', 'keras')
 
 
 class _HidingLoader(importlib.abc.Loader):

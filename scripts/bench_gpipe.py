@@ -27,7 +27,7 @@ examples plus one cell's activations of one micro-batch). The table gives
 both in units of one sequence's activations of one layer.
 
 (b) Efficiency (§2.3): per-device FLOPs of the pipelined program (XLA cost
-analysis) for K stages and M micro-batches against the unpipelined step
+analysis, of the unrolled schedule: `loop=False`) for K stages and M micro-batches against the unpipelined step
 (K = 1, M = 1, one device) divided by K. The SPMD pipeline runs all K
 stages in each of its M + K - 1 iterations, bubble iterations included,
 so the FLOPs efficiency is M / (M + K - 1) = 1 - the bubble (K-1)/(M+K-1).
@@ -80,7 +80,8 @@ flags.DEFINE_string('out_dir', '/tmp/bench_gpipe',
 MAX_DEVICES = 8
 
 
-def _LayerParams(num_layers, num_stages, num_micro_batches, remat):
+def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
+                 loop=True):
   # pylint: disable=g-import-not-at-top
   import numpy as np
   from lingshard.layers import pipeline
@@ -101,7 +102,7 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat):
   p = pipeline.PipelinedLayer.Params().Set(
       name='stack', body_tpl=body, num_layers=num_layers,
       num_stages=num_stages, num_micro_batches=num_micro_batches,
-      remat=remat)
+      remat=remat, loop=loop)
   if num_stages > 1:
     p.device_mesh = np.arange(num_stages)
     p.stage_mesh_axis = 0
@@ -109,7 +110,7 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat):
 
 
 def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
-             batch_size=None):
+             batch_size=None, loop=True):
   """Partitions one train step; returns (CheckResult, median run seconds)."""
   # pylint: disable=g-import-not-at-top
   import numpy as np
@@ -119,7 +120,7 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
   layer = _LayerParams(num_layers, num_stages, num_micro_batches,
-                       remat).Instantiate()
+                       remat, loop).Instantiate()
   n, t, m = batch_size or FLAGS.batch_size, FLAGS.seq_len, FLAGS.model_dim
   rng = np.random.RandomState(0)
   inputs = NestedMap(
@@ -179,11 +180,14 @@ def _MemoryRows(layers, micro_batches):
 
 
 def _EfficiencyRows(stages, micro_batches):
-  ref, ref_seconds = _Measure(FLAGS.eff_layers, 1, 1, True, run=True)
+  # Unrolled (loop=False): XLA's cost analysis counts a loop body once.
+  ref, ref_seconds = _Measure(FLAGS.eff_layers, 1, 1, True, run=True,
+                              loop=False)
   rows = []
   for k in stages:
     for mb in micro_batches:
-      r, seconds = _Measure(FLAGS.eff_layers, k, mb, True, run=True)
+      r, seconds = _Measure(FLAGS.eff_layers, k, mb, True, run=True,
+                            loop=False)
       kinds = r.CollectiveCounts()
       rows.append(dict(
           stages=k, micro_batches=mb, flops_per_device=r.flops,

@@ -1,6 +1,6 @@
-"""lingshard/startup.py: TensorFlow loads without jax and matplotlib in a
-process that imports lingshard first; both import and work afterwards;
-tf.keras still loads; a process that imported TensorFlow first keeps them.
+"""lingshard/startup.py: TensorFlow loads without jax, matplotlib and Keras
+in a process that imports lingshard first; all three import and work
+afterwards (tf.keras loads on first use); a process that imported TensorFlow first keeps them.
 The corpus tools start without TensorFlow (lingshard/input_error.py).
 Each case runs in a fresh interpreter (the import system is per process)."""
 
@@ -15,7 +15,7 @@ import json, sys
 import lingshard.trainer
 from lingshard import startup
 seen = {name: name in sys.modules for name in ('tensorflow', 'jax',
-                                               'matplotlib')}
+                                               'matplotlib', 'keras')}
 finder_left = startup._FINDER in sys.meta_path
 import tensorflow as tf
 loader = type(tf.__loader__).__name__
@@ -35,7 +35,7 @@ import json, sys
 import tensorflow
 import lingshard.trainer
 from lingshard import startup
-print(json.dumps(dict(jax='jax' in sys.modules,
+print(json.dumps(dict(jax='jax' in sys.modules, keras='keras' in sys.modules,
                       finder=startup._FINDER in sys.meta_path)))
 '''
 
@@ -48,10 +48,10 @@ def _Run(code):
   return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_tensorflow_loads_without_jax_and_matplotlib_which_still_work():
+def test_tensorflow_loads_without_jax_matplotlib_keras_which_still_work():
   out = _Run(_AFTER_LINGSHARD)
   assert out['seen'] == {'tensorflow': True, 'jax': False,
-                         'matplotlib': False}
+                         'matplotlib': False, 'keras': False}
   assert not out['finder_left']
   assert out['loader'] == 'SourceFileLoader'  # Its own loader back.
   assert out['total'] == 6.0
@@ -59,8 +59,9 @@ def test_tensorflow_loads_without_jax_and_matplotlib_which_still_work():
 
 
 def test_tensorflow_imported_first_keeps_its_imports():
-  # jax installed (the spmd extra): TensorFlow's own import loads it.
-  assert _Run(_TF_FIRST) == {'jax': True, 'finder': False}
+  # jax installed (the spmd extra): TensorFlow's own import loads it, and
+  # Keras.
+  assert _Run(_TF_FIRST) == {'jax': True, 'keras': True, 'finder': False}
 
 
 def test_corpus_tools_start_without_tensorflow():

@@ -10,8 +10,7 @@ splits (pipeline_partition), one FProp's state and the micro-batch layout
 (pipeline_run: micro-batches are blocked within data shards, so an MoE
 body's groups are the unpipelined model's). This module is the schedule.
 
-The schedule (GPipe §2, fill-drain; the XLA SPMD path), a static Python
-loop (simple for XLA; the program grows with M + K), each step a hook a
+The schedule (GPipe §2, fill-drain; the XLA SPMD path), each step a hook a
 subclass may override to run another schedule:
 
     state = Shift(Entering(0), zeros [K, b, ...])
@@ -30,6 +29,12 @@ drain: micro-batch outside [0, M)) compute on zeros; their outputs and aux
 are dropped. Gradients of the mini-batch loss flow through all
 micro-batches, so one GradientTape gives the accumulated gradient, applied
 once: training is the same math as the unpipelined stack.
+
+With remat and `loop=True` (the default) the loop is a forward and a
+hand-written backward `tf.while_loop` (pipeline_loop): the program holds
+one iteration of each, whatever M and K. Otherwise (`loop=False`, or
+without remat) the loop above is a static Python loop: the program holds
+all M + K - 1 iterations (XLA's cost analysis then counts each).
 
 Re-materialisation (GPipe §2.3, `remat=True`, pipeline_remat): each
 iteration's stages run vectorised over K (`tf.vectorized_map` over the
@@ -70,9 +75,11 @@ from lingshard import sharding
 from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import pipeline_aux
+from lingshard.layers import pipeline_loop
 from lingshard.layers import pipeline_partition
 from lingshard.layers import pipeline_remat
 from lingshard.layers import pipeline_run
+from lingshard.layers import pipeline_stages
 from lingshard.layers import pipeline_weights
 from lingshard.layers import remat
 from lingshard.nested_map import NestedMap
@@ -99,6 +106,11 @@ class PipelinedLayer(base_layer.BaseLayer):
     p.Define('micro_batch_size', None,
              'b: examples per micro-batch (or set num_micro_batches).')
     p.Define('remat', True, 'Recompute each stage forward in backprop.')
+    p.Define('loop', True,
+             'With remat: run the schedule as a forward and a backward '
+             'tf.while_loop (pipeline_loop: the program holds one iteration '
+             'of each, whatever M and K); False: a Python loop (the program '
+             'holds all M + K - 1; XLA\'s cost analysis then counts each).')
     p.Define('layer_costs', None,
              'Optional L estimated layer costs; None = each layer\'s own '
              'matmul FLOPs per token (2 x its weights, as count_params).')
@@ -337,6 +349,11 @@ class PipelinedLayer(base_layer.BaseLayer):
     run = pipeline_run.Run(
         self, self.ShardTheta(theta.Transform(_DenseGradient)),
         [inputs, paddings] + list(extras), m, step, token_offset)
+    if p.remat and p.loop:
+      n = self.NumIterations(m, k)
+      outputs, aux_rows = pipeline_loop.LoopedSchedule(self, run).Outputs(
+          [self.Entering(run, i) for i in range(n + 1)])
+      return run.Unblock(outputs), self._PerLayerAux(aux_rows)
     state = [self.Shift(e, tf.broadcast_to(b[tf.newaxis],
                                            [k] + e.shape.as_list()))
              for e, b in zip(self.Entering(run, 0), run.bubble)]
@@ -381,7 +398,7 @@ class PipelinedLayer(base_layer.BaseLayer):
     out = tf.where(tf.constant(first),
                    tf.broadcast_to(entering[tf.newaxis], tf.shape(t)),
                    shifted)
-    return self._ShardState(out)
+    return self.ShardState(out)
 
   def Collect(self, run, i, out, aux_list, stage_mb):
     """Keeps the last stage's output (micro-batch i - K + 1) and the aux
@@ -403,90 +420,56 @@ class PipelinedLayer(base_layer.BaseLayer):
     dropped).
     """
     p = self.params
-    s, k = self._stack.slots, p.num_stages
-    body, step = self.body, run.step
-    rows = run.rows[np.maximum(np.asarray(stage_mb), 0)]  # [K, b]
-    consts = [tf.constant(self._stack.layer_ids),
-              tf.constant(self._stack.active), tf.constant(rows)]
-    if run.aux_tpls is None:
-      run.aux_tpls = [None] * s
-    aux_tpls = run.aux_tpls
+    one_stage, over_stages = pipeline_stages.StageFunctions(self, run)
     theta_leaves = run.theta.Flatten()
-    num_theta = len(theta_leaves)
-    tpl = self._stack.tpl
-
-    def OneStage(elems):
-      """One stage: elems = (theta leaves [S, ...], x, pads, *extras, ids,
-      active, offset) -> [y] + aux leaves."""
-      leaves, (x, pads, *extras) = elems[:num_theta], elems[num_theta:-3]
-      ids_s, active_s, rows_b = elems[-3:]
-      kwargs = {}
-      if run.token_offset is not None:
-        kwargs['token_offset'] = run.token_offset + rows_b * int(
-            np.prod(x.shape.as_list()[1:-1]))
-      # Unstack, not slice: the gradient of a slice (StridedSliceGrad) inside
-      # vectorized_map needs XLA compile-time constants.
-      slots = [tf.unstack(w, num=s) for w in leaves]
-      flat_aux = []
-      for slot in range(s):
-        slot_theta = tpl.Pack([w[slot] for w in slots])
-        with dropout.KeyedMasks(ids_s[slot], rows_b):
-          y, aux = body.FProp(slot_theta, x, pads, *extras, step=step,
-                              **kwargs)
-        on = tf.cast(active_s[slot], y.dtype)
-        x = y * on + x * (1 - on)
-        aux = NestedMap(aux) if aux else NestedMap()
-        aux_tpls[slot] = aux
-        flat_aux += aux.Flatten()
-      return [x] + flat_aux
-
-    def OverStages(name, fn, elems):
-      return run.OverStages(name, fn, elems, k, p.stage_mesh_axis)
-
+    consts = pipeline_stages.StageConstants(self, run, stage_mb)
     elems = theta_leaves + state
     if self.params.remat:
       results = pipeline_remat.RematStages(
-          lambda ins: OverStages('forward', OneStage, ins),
-          lambda ins, dys: pipeline_remat.StagesVjp(OverStages, OneStage,
+          lambda ins: over_stages('forward', one_stage, ins),
+          lambda ins, dys: pipeline_remat.StagesVjp(over_stages, one_stage,
                                                     ins, dys),
-          elems, consts, run.token, num_theta)
+          elems, consts, run.token, len(theta_leaves))
     else:
       # No remat: TF differentiates a loop over the K stages (activations
       # are kept). Not vectorised: TF's gradient of pfor ops can need XLA
       # compile-time constants (e.g. for reduce_mean), which would turn the
       # program's arguments into constants.
+      k = p.num_stages
       per_stage = [tf.unstack(t, num=k) for t in elems + consts]
-      outs = [OneStage([t[i] for t in per_stage]) for i in range(k)]
+      outs = [one_stage([t[i] for t in per_stage]) for i in range(k)]
       results = [tf.stack(list(ts)) for ts in zip(*outs)]
-    out, results = self._ShardState(results[0]), list(results[1:])
+    out = self.ShardState(results[0])
     # A zero that depends on this iteration's output (pipeline_remat).
     run.token = remat.OpaqueZero(out)
-    aux_list = []
-    for slot in range(s):
-      n = len(aux_tpls[slot].Flatten())
-      aux_list.append(aux_tpls[slot].Pack(results[:n]))
-      results = results[n:]
-    return out, aux_list
+    return out, pipeline_stages.PackAux(run, results[1:])
 
   # ------------------------------------------------------------- helpers
-  def _Annotate(self, t, leading):
-    """t split on its leading dims as `leading` (mesh axes or None)."""
+  def AnnotateLeading(self, t, leading, replicated=False):
+    """t split on its leading dims as `leading` (mesh axes or None; all
+    None: left unannotated unless `replicated`)."""
     p = self.params
     leading = [-1 if a is None else a for a in leading][:t.shape.rank]
-    if p.device_mesh is None or all(a == -1 for a in leading):
+    if p.device_mesh is None or (not replicated and
+                                 all(a == -1 for a in leading)):
       return t
     return sharding.mesh_split(t, p.device_mesh,
                                leading + [-1] * (t.shape.rank - len(leading)),
                                p.mesh_axis_names)
 
-  def _ShardState(self, t):
+  def ShardState(self, t):
     """[K, b, ...]: K over the stage axis, b over the batch axis."""
     p = self.params
-    return self._Annotate(t, [p.stage_mesh_axis, p.batch_mesh_axis])
+    return self.AnnotateLeading(t, [p.stage_mesh_axis, p.batch_mesh_axis])
+
+  @property
+  def stack(self):
+    """The stacked weights' layout (pipeline_weights.StackedWeights)."""
+    return self._stack
 
   def ShardBatch(self, t):
     """[D, ...]: D over the batch axis."""
-    return self._Annotate(t, [self.params.batch_mesh_axis])
+    return self.AnnotateLeading(t, [self.params.batch_mesh_axis])
 
   def _PerLayerAux(self, aux_rows):
     """L auxes, each combined over its micro-batches, from the

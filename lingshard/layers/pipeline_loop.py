@@ -1,0 +1,253 @@
+"""The GPipe schedule as two while loops: forward, and a backward we write.
+
+With re-materialisation (GPipe §2.3) an iteration of the schedule keeps
+only its stage inputs, so its gradient is a function of those and of the
+cotangents: the whole schedule can be one `tf.custom_gradient` whose
+forward and backward are each one `tf.while_loop` over the N = M + K - 1
+iterations. The program then holds one forward and one backward iteration
+(each vectorised over the K stages), whatever M and K; the unrolled
+schedule (pipeline.py) holds N of each.
+
+Forward (the hooks are PipelinedLayer's; i is a tensor in the loop):
+
+    E = [Entering(j) for j in range(N + 1)]         # [N + 1, b, ...] a stream
+    state = Shift(E[0], bubble)                     # [K, b, ...] a stream
+    for i in range(N):
+      saved[i] = state                              # all that is kept
+      out, aux = Stages(theta, state, table[i])     # table [N, K]: schedule
+      outputs[i] = sum_k(out * last); auxes[i] = aux
+      state = Shift(E[i + 1], [out] + state[1:])
+
+Backward (state_{i+1} = Shift(E[i + 1], [out_i] + state_i[1:])):
+
+    g = 0                                           # d state_{i+1}
+    for i in reversed(range(N)):
+      dE[i + 1], (d_out, *d_pass) = ShiftVjp(g)
+      d_out += last * d_outputs[i]
+      d_theta_i, d_state = StagesVjp(theta, saved[i], [d_out] + d_auxes[i])
+      d_theta += d_theta_i; g = d_state + [0] + d_pass
+    dE[0] = ShiftVjp(g)[0]
+
+The loop uses the layer's NumIterations, StageMicroBatches, Entering and
+Shift hooks (Shift's gradient by TF: it must be linear, as a move of data
+is); RunStages and Collect are the unrolled schedule's.
+
+TF's own gradient of the forward loop would keep its accumulators in
+buffers whose layout the SPMD partitioner chooses (an earlier attempt got
+all-gathers of the micro-batch gradient on the real corpus's shapes); here
+every buffer is annotated: [N, K, b, ...] with K over the stage axis and b
+over the batch axis, [N, b, ...] with b over the batch axis, theta's
+gradient as theta. Indexing the iterations dim (never split) is local.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from lingshard import sharding
+from lingshard.layers import pipeline_remat
+from lingshard.layers import pipeline_stages
+
+
+def _Get(buf, i):
+  return tf.gather(buf, i)
+
+
+def _Put(buf, i, t):
+  return tf.tensor_scatter_nd_update(buf, tf.reshape(i, [1, 1]),
+                                     t[tf.newaxis])
+
+
+class LoopedSchedule:
+  """Runs `layer`'s fill-drain schedule on `run` as the module docstring's
+  loops; `Outputs()` gives (outputs [M, b, ...], aux rows) as the unrolled
+  schedule collects them."""
+
+  def __init__(self, layer, run):
+    self._layer, self._run = layer, run
+    p = layer.params
+    self._k = p.num_stages
+    self._n = layer.NumIterations(run.m, self._k)
+    self._table = np.stack([layer.StageMicroBatches(i, run.m, self._k)
+                            for i in range(self._n)])
+    self._one_stage, self._over_stages = pipeline_stages.StageFunctions(
+        layer, run)
+    self._theta_tpl = run.theta
+    self._num_theta = len(run.theta.Flatten())
+
+  # ------------------------------------------------------------- annotate
+  def _Shard(self, t, leading):
+    return self._layer.AnnotateLeading(t, leading, replicated=True)
+
+  def _ShardIterations(self, t, over_stages):
+    """[N, K, b, ...] (over_stages) or [N, b, ...]: the iterations dim is
+    annotated unsplit (left free, the partitioner may split it)."""
+    p = self._layer.params
+    if over_stages:
+      return self._Shard(t, [-1, p.stage_mesh_axis, p.batch_mesh_axis])
+    return self._Shard(t, [-1, p.batch_mesh_axis])
+
+  def _ShardAux(self, t):
+    """[N, K, ...]: an aux leaf per iteration and stage."""
+    return self._Shard(t, [-1, self._layer.params.stage_mesh_axis])
+
+  def _ShardTheta(self, leaves):
+    return self._layer.ShardTheta(self._theta_tpl.Pack(list(leaves))).Flatten()
+
+  # ------------------------------------------------------------------ run
+  def _Consts(self, i):
+    return pipeline_stages.StageConstants(
+        self._layer, self._run, tf.gather(tf.constant(self._table), i))
+
+  def _Specs(self, elems):
+    """The stage function's outputs [K, ...] as (shape, dtype), from one
+    stage traced in a graph of its own (nothing joins the program)."""
+    k = self._k
+
+    def Trace(*ts):
+      return self._one_stage(list(ts))
+
+    fn = sharding.Function(Trace, xla_compiled=True)
+    graph = fn.get_concrete_function(
+        *[tf.TensorSpec(t.shape[1:], t.dtype) for t in elems]).graph
+    return [([k] + t.shape.as_list(), t.dtype) for t in graph.outputs]
+
+  def Outputs(self, entering_per_iteration):
+    """entering_per_iteration: N + 1 lists of the streams entering stage 0
+    -> (outputs [M, b, ...], [(per slot aux, valid [K, S])] per
+    iteration)."""
+    layer, run, n, k = self._layer, self._run, self._n, self._k
+    entering = [self._ShardIterations(tf.stack(list(ts)), False)
+                for ts in zip(*entering_per_iteration)]
+    theta = run.theta.Flatten()
+    state0 = [tf.broadcast_to(b[tf.newaxis], [k] + b.shape.as_list())
+              for b in run.bubble]
+    specs = self._Specs(theta + state0 + self._Consts(0))
+    floats = [t.dtype.is_floating for t in entering]
+    schedule = self._CustomGradient(specs, floats)
+    results = schedule(*(theta + entering))
+    outputs, aux_bufs = results[0], results[1:]
+    rows, active = [], layer.stack.active
+    per_leaf = [tf.unstack(t, num=n) for t in aux_bufs]
+    for i in range(n):
+      valid = (self._table[i] >= 0).astype(np.float32)[:, np.newaxis]
+      rows.append((pipeline_stages.PackAux(run, [ls[i] for ls in per_leaf]),
+                   valid * active))
+    return outputs[k - 1:], rows
+
+  def _Forward(self, theta, entering):
+    layer, run, n, k = self._layer, self._run, self._n, self._k
+    state = [layer.Shift(e[0], tf.broadcast_to(
+        b[tf.newaxis], [k] + b.shape.as_list()))
+             for e, b in zip(entering, run.bubble)]
+    saved = [self._ShardIterations(tf.zeros([n] + s.shape.as_list(), s.dtype),
+                                   True) for s in state]
+    outs = self._ShardIterations(
+        tf.zeros([n] + state[0].shape.as_list()[1:], state[0].dtype), False)
+    auxes = [self._ShardAux(tf.zeros([n] + list(shape), dtype))
+             for shape, dtype in self._specs[1:]]
+
+    def Body(i, state, saved, outs, auxes):
+      saved = [self._ShardIterations(_Put(b, i, s), True)
+               for b, s in zip(saved, state)]
+      res = self._over_stages('forward', self._one_stage,
+                              theta + state + self._Consts(i))
+      out = layer.ShardState(res[0])
+      outs = self._ShardIterations(
+          _Put(outs, i, tf.reduce_sum(out * run.last_mask, 0)), False)
+      auxes = [self._ShardAux(_Put(b, i, t)) for b, t in zip(auxes, res[1:])]
+      state = [layer.Shift(_Get(e, i + 1), t)
+               for e, t in zip(entering, [out] + state[1:])]
+      return [i + 1, state, saved, outs, auxes]
+
+    _, _, saved, outs, auxes = tf.while_loop(
+        lambda i, *_: i < n, Body, [tf.constant(0), state, saved, outs, auxes],
+        maximum_iterations=n, parallel_iterations=1)
+    return saved, outs, auxes
+
+  def _CustomGradient(self, specs, floats):
+    self._specs = specs
+    nt = self._num_theta
+
+    @tf.custom_gradient
+    def Schedule(*args):
+      theta, entering = list(args[:nt]), list(args[nt:])
+      saved, outs, auxes = self._Forward(theta, entering)
+
+      def Grad(*dys):
+        dys = [tf.zeros_like(o) if d is None else d
+               for o, d in zip([outs] + auxes, dys)]
+        d_theta, d_entering = self._Backward(theta, entering, saved, dys,
+                                             floats)
+        return d_theta + d_entering
+
+      return [outs] + auxes, Grad
+
+    return Schedule
+
+  def ShiftVjp(self, g):
+    """Cotangents (entering [b, ...], t [K, b, ...]) of the layer's
+    Shift(entering, t) for g [K, b, ...], by TF's gradient of Shift (as the
+    unrolled schedule gets them: a masked sum over K, an all-reduce when K
+    is split, and the shift back, a collective-permute). Shift is linear,
+    so its gradient does not depend on the point: zeros."""
+    e = tf.zeros(g.shape[1:], g.dtype)
+    t = tf.zeros(g.shape, g.dtype)
+    with tf.GradientTape() as tape:
+      tape.watch([e, t])
+      out = self._layer.Shift(e, t)
+    d_e, d_t = tape.gradient(out, [e, t], output_gradients=g)
+    return d_e, self._layer.ShardState(d_t)
+
+  def _Backward(self, theta, entering, saved, dys, floats):
+    layer, run, n, nt = self._layer, self._run, self._n, self._num_theta
+    d_outs, d_auxes = dys[0], dys[1:]
+    streams = len(entering)
+    d_theta = self._ShardTheta([tf.zeros_like(t) for t in theta])
+    d_ent = [self._ShardIterations(tf.zeros_like(e), False) if f else None
+             for e, f in zip(entering, floats)]
+    g = [layer.ShardState(tf.zeros(s.shape[1:], s.dtype)) if f else None
+         for s, f in zip(saved, floats)]
+    diff = [j for j in range(streams) if floats[j]]
+
+    def Body(j, g, d_theta, d_ent):
+      i = n - 1 - j
+      d_pass = [None] * streams
+      for s in diff:
+        d_e, d_pass[s] = self.ShiftVjp(g[s])
+        d_ent[s] = self._ShardIterations(_Put(d_ent[s], i + 1, d_e), False)
+      d_out = d_pass[0] + run.last_mask * _Get(d_outs, i)[tf.newaxis]
+      state = [layer.ShardState(_Get(b, i)) for b in saved]
+      cot = [d_out] + [_Get(b, i) for b in d_auxes]
+      grads = pipeline_remat.StagesVjp(
+          self._over_stages, self._one_stage,
+          theta + state + self._Consts(i), cot)
+      d_theta = self._ShardTheta([a + b for a, b in zip(d_theta, grads[:nt])])
+      g = list(g)
+      for s in diff:
+        d_state = grads[nt + s]
+        if s > 0:
+          d_state = d_state + d_pass[s]
+        g[s] = layer.ShardState(d_state)
+      return j + 1, g, d_theta, d_ent
+
+    loop_g = [t for t in g if t is not None]
+    loop_ent = [t for t in d_ent if t is not None]
+
+    def Packed(j, gs, d_theta, ents):
+      full_g, full_e, gi = [None] * streams, [None] * streams, iter(gs)
+      ei = iter(ents)
+      for s in diff:
+        full_g[s], full_e[s] = next(gi), next(ei)
+      j, full_g, d_theta, full_e = Body(j, full_g, d_theta, full_e)
+      return [j, [full_g[s] for s in diff], list(d_theta),
+              [full_e[s] for s in diff]]
+
+    _, gs, d_theta, ents = tf.while_loop(
+        lambda j, *_: j < n, Packed, [tf.constant(0), loop_g, d_theta,
+                                      loop_ent],
+        maximum_iterations=n, parallel_iterations=1)
+    d_entering = [None] * streams
+    for s, g_s, e_s in zip(diff, gs, ents):
+      d_e, _ = self.ShiftVjp(g_s)
+      d_entering[s] = self._ShardIterations(_Put(e_s, 0, d_e), False)
+    return list(d_theta), d_entering
