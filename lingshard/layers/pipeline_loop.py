@@ -122,8 +122,8 @@ class LoopedSchedule:
     state0 = [tf.broadcast_to(b[tf.newaxis], [k] + b.shape.as_list())
               for b in run.bubble]
     specs = self._Specs(theta + state0 + self._Consts(0))
-    floats = [t.dtype.is_floating for t in entering]
-    schedule = self._CustomGradient(specs, floats)
+    schedule = self._CustomGradient(specs,
+                                    [t.dtype.is_floating for t in entering])
     results = schedule(*(theta + entering))
     outputs, aux_bufs = results[0], results[1:]
     rows, active = [], layer.stack.active
@@ -134,7 +134,9 @@ class LoopedSchedule:
                    valid * active))
     return outputs[k - 1:], rows
 
-  def _Forward(self, theta, entering):
+  def _Forward(self, theta, entering, specs):
+    """The forward loop of the module docstring: (saved states [N, K, b,
+    ...] per stream, outputs [N, b, ...], aux leaves [N, K, ...])."""
     layer, run, n, k = self._layer, self._run, self._n, self._k
     state = [layer.Shift(e[0], tf.broadcast_to(
         b[tf.newaxis], [k] + b.shape.as_list()))
@@ -144,7 +146,7 @@ class LoopedSchedule:
     outs = self._ShardIterations(
         tf.zeros([n] + state[0].shape.as_list()[1:], state[0].dtype), False)
     auxes = [self._ShardAux(tf.zeros([n] + list(shape), dtype))
-             for shape, dtype in self._specs[1:]]
+             for shape, dtype in specs[1:]]
 
     def Body(i, state, saved, outs, auxes):
       saved = [self._ShardIterations(_Put(b, i, s), True)
@@ -165,13 +167,14 @@ class LoopedSchedule:
     return saved, outs, auxes
 
   def _CustomGradient(self, specs, floats):
-    self._specs = specs
+    """The schedule as fn(*theta leaves, *entering) -> [outputs] + aux
+    buffers, its gradient the backward loop."""
     nt = self._num_theta
 
     @tf.custom_gradient
     def Schedule(*args):
       theta, entering = list(args[:nt]), list(args[nt:])
-      saved, outs, auxes = self._Forward(theta, entering)
+      saved, outs, auxes = self._Forward(theta, entering, specs)
 
       def Grad(*dys):
         dys = [tf.zeros_like(o) if d is None else d
@@ -199,22 +202,26 @@ class LoopedSchedule:
     return d_e, self._layer.ShardState(d_t)
 
   def _Backward(self, theta, entering, saved, dys, floats):
+    """The backward loop of the module docstring: (d theta leaves, d
+    entering per stream, None for streams that are not float)."""
     layer, run, n, nt = self._layer, self._run, self._n, self._num_theta
     d_outs, d_auxes = dys[0], dys[1:]
-    streams = len(entering)
-    d_theta = self._ShardTheta([tf.zeros_like(t) for t in theta])
-    d_ent = [self._ShardIterations(tf.zeros_like(e), False) if f else None
-             for e, f in zip(entering, floats)]
-    g = [layer.ShardState(tf.zeros(s.shape[1:], s.dtype)) if f else None
-         for s, f in zip(saved, floats)]
-    diff = [j for j in range(streams) if floats[j]]
+    # Float streams only (x first, then paddings and float extras): g and
+    # the entering cotangents are lists over these.
+    diff = [s for s, f in enumerate(floats) if f]
+    g0 = [layer.ShardState(tf.zeros(saved[s].shape[1:], saved[s].dtype))
+          for s in diff]
+    d_ent0 = [self._ShardIterations(tf.zeros_like(entering[s]), False)
+              for s in diff]
+    d_theta0 = self._ShardTheta([tf.zeros_like(t) for t in theta])
 
     def Body(j, g, d_theta, d_ent):
       i = n - 1 - j
-      d_pass = [None] * streams
-      for s in diff:
-        d_e, d_pass[s] = self.ShiftVjp(g[s])
-        d_ent[s] = self._ShardIterations(_Put(d_ent[s], i + 1, d_e), False)
+      d_pass = []
+      for c, g_s in enumerate(g):
+        d_e, d_t = self.ShiftVjp(g_s)
+        d_ent[c] = self._ShardIterations(_Put(d_ent[c], i + 1, d_e), False)
+        d_pass.append(d_t)
       d_out = d_pass[0] + run.last_mask * _Get(d_outs, i)[tf.newaxis]
       state = [layer.ShardState(_Get(b, i)) for b in saved]
       cot = [d_out] + [_Get(b, i) for b in d_auxes]
@@ -222,32 +229,17 @@ class LoopedSchedule:
           self._over_stages, self._one_stage,
           theta + state + self._Consts(i), cot)
       d_theta = self._ShardTheta([a + b for a, b in zip(d_theta, grads[:nt])])
-      g = list(g)
-      for s in diff:
-        d_state = grads[nt + s]
-        if s > 0:
-          d_state = d_state + d_pass[s]
-        g[s] = layer.ShardState(d_state)
-      return j + 1, g, d_theta, d_ent
+      # Stream 0's stage input does not pass on (the stage's output does);
+      # the others move to the next stage as they are.
+      g = [layer.ShardState(grads[nt + s] + d_pass[c] if s else grads[nt])
+           for c, s in enumerate(diff)]
+      return [j + 1, g, list(d_theta), d_ent]
 
-    loop_g = [t for t in g if t is not None]
-    loop_ent = [t for t in d_ent if t is not None]
-
-    def Packed(j, gs, d_theta, ents):
-      full_g, full_e, gi = [None] * streams, [None] * streams, iter(gs)
-      ei = iter(ents)
-      for s in diff:
-        full_g[s], full_e[s] = next(gi), next(ei)
-      j, full_g, d_theta, full_e = Body(j, full_g, d_theta, full_e)
-      return [j, [full_g[s] for s in diff], list(d_theta),
-              [full_e[s] for s in diff]]
-
-    _, gs, d_theta, ents = tf.while_loop(
-        lambda j, *_: j < n, Packed, [tf.constant(0), loop_g, d_theta,
-                                      loop_ent],
+    _, g, d_theta, d_ent = tf.while_loop(
+        lambda j, *_: j < n, Body, [tf.constant(0), g0, d_theta0, d_ent0],
         maximum_iterations=n, parallel_iterations=1)
-    d_entering = [None] * streams
-    for s, g_s, e_s in zip(diff, gs, ents):
-      d_e, _ = self.ShiftVjp(g_s)
-      d_entering[s] = self._ShardIterations(_Put(e_s, 0, d_e), False)
+    d_entering = [None] * len(entering)
+    for c, s in enumerate(diff):  # state_0 = Shift(E[0], bubble).
+      d_e, _ = self.ShiftVjp(g[c])
+      d_entering[s] = self._ShardIterations(_Put(d_ent[c], 0, d_e), False)
     return list(d_theta), d_entering
