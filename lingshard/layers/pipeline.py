@@ -350,13 +350,10 @@ class PipelinedLayer(base_layer.BaseLayer):
         self, self.ShardTheta(theta.Transform(_DenseGradient)),
         [inputs, paddings] + list(extras), m, step, token_offset)
     if p.remat and p.loop:
-      n = self.NumIterations(m, k)
-      outputs, aux_rows = pipeline_loop.LoopedSchedule(self, run).Outputs(
-          [self.Entering(run, i) for i in range(n + 1)])
+      outputs, aux_rows = pipeline_loop.LoopedSchedule(self, run).Outputs()
       return run.Unblock(outputs), self._PerLayerAux(aux_rows)
-    state = [self.Shift(e, tf.broadcast_to(b[tf.newaxis],
-                                           [k] + e.shape.as_list()))
-             for e, b in zip(self.Entering(run, 0), run.bubble)]
+    state = [self.Shift(e, b)
+             for e, b in zip(self.Entering(run, 0), run.BubbleState())]
     n = self.NumIterations(m, k)
     for i in range(n):
       stage_mb = self.StageMicroBatches(i, m, k)
@@ -408,8 +405,8 @@ class PipelinedLayer(base_layer.BaseLayer):
       # A masked sum over K, not a slice: XLA SPMD makes it an all-reduce
       # (a slice of the split dim and its gradient become all-to-alls).
       run.outputs.append(tf.reduce_sum(out * run.last_mask, 0))
-    valid = (np.asarray(stage_mb) >= 0).astype(np.float32)
-    run.aux_rows.append((aux_list, valid[:, np.newaxis] * self._stack.active))
+    run.aux_rows.append((aux_list,
+                         pipeline_stages.ValidSlots(self, stage_mb)))
 
   def RunStages(self, run, state, stage_mb):
     """Every stage's S slots on its state, vectorised over K; returns

@@ -59,8 +59,7 @@ def _Put(buf, i, t):
 
 class LoopedSchedule:
   """Runs `layer`'s fill-drain schedule on `run` as the module docstring's
-  loops; `Outputs()` gives (outputs [M, b, ...], aux rows) as the unrolled
-  schedule collects them."""
+  loops (`Outputs()`)."""
 
   def __init__(self, layer, run):
     self._layer, self._run = layer, run
@@ -111,36 +110,32 @@ class LoopedSchedule:
         *[tf.TensorSpec(t.shape[1:], t.dtype) for t in elems]).graph
     return [([k] + t.shape.as_list(), t.dtype) for t in graph.outputs]
 
-  def Outputs(self, entering_per_iteration):
-    """entering_per_iteration: N + 1 lists of the streams entering stage 0
-    -> (outputs [M, b, ...], [(per slot aux, valid [K, S])] per
-    iteration)."""
+  def Outputs(self):
+    """(outputs [M, b, ...], [(per slot aux, valid [K, S])] per iteration),
+    as the unrolled schedule collects them."""
     layer, run, n, k = self._layer, self._run, self._n, self._k
+    # E: per stream the N + 1 micro-batches entering stage 0, [N + 1, b, ...].
     entering = [self._ShardIterations(tf.stack(list(ts)), False)
-                for ts in zip(*entering_per_iteration)]
+                for ts in zip(*[layer.Entering(run, i) for i in range(n + 1)])]
     theta = run.theta.Flatten()
-    state0 = [tf.broadcast_to(b[tf.newaxis], [k] + b.shape.as_list())
-              for b in run.bubble]
-    specs = self._Specs(theta + state0 + self._Consts(0))
+    specs = self._Specs(theta + run.BubbleState() + self._Consts(0))
     schedule = self._CustomGradient(specs,
                                     [t.dtype.is_floating for t in entering])
     results = schedule(*(theta + entering))
     outputs, aux_bufs = results[0], results[1:]
-    rows, active = [], layer.stack.active
+    rows = []
     per_leaf = [tf.unstack(t, num=n) for t in aux_bufs]
     for i in range(n):
-      valid = (self._table[i] >= 0).astype(np.float32)[:, np.newaxis]
       rows.append((pipeline_stages.PackAux(run, [ls[i] for ls in per_leaf]),
-                   valid * active))
+                   pipeline_stages.ValidSlots(layer, self._table[i])))
     return outputs[k - 1:], rows
 
   def _Forward(self, theta, entering, specs):
     """The forward loop of the module docstring: (saved states [N, K, b,
     ...] per stream, outputs [N, b, ...], aux leaves [N, K, ...])."""
-    layer, run, n, k = self._layer, self._run, self._n, self._k
-    state = [layer.Shift(e[0], tf.broadcast_to(
-        b[tf.newaxis], [k] + b.shape.as_list()))
-             for e, b in zip(entering, run.bubble)]
+    layer, run, n = self._layer, self._run, self._n
+    state = [layer.Shift(e[0], b)
+             for e, b in zip(entering, run.BubbleState())]
     saved = [self._ShardIterations(tf.zeros([n] + s.shape.as_list(), s.dtype),
                                    True) for s in state]
     outs = self._ShardIterations(

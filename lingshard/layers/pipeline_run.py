@@ -68,6 +68,13 @@ class Run:
     # the aux structure per slot their trace found.
     self.vectorised, self.aux_tpls = {}, None
 
+  def BubbleState(self):
+    """Per stream [K, b, ...]: every stage on the bubble's micro-batch (the
+    state before the first Shift)."""
+    k = self._layer.params.num_stages
+    return [tf.broadcast_to(b[tf.newaxis], [k] + b.shape.as_list())
+            for b in self.bubble]
+
   def _Block(self, t, m):
     """[B, ...] -> [M, b, ...]: [D, M, b/D, ...] transposed (no data moves
     with B split over the data axis)."""

@@ -29,6 +29,14 @@ def StageConstants(layer, run, stage_mb):
           tf.constant(layer.stack.active), rows]
 
 
+def ValidSlots(layer, stage_mb):
+  """float [K, S] (numpy): 1 where stage k's slot s ran a layer on a real
+  micro-batch (stage_mb [K], -1 = bubble); the aux of the others is
+  dropped (pipeline_aux)."""
+  valid = (np.asarray(stage_mb) >= 0).astype(np.float32)
+  return valid[:, np.newaxis] * layer.stack.active
+
+
 def PackAux(run, leaves):
   """Per slot the aux NestedMap of the stage function's aux leaves (their
   structure found by its trace)."""
