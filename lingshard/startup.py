@@ -1,5 +1,6 @@
-"""TensorFlow loads without the optional packages it would import for
-features lingshard never uses (start-up time of every command).
+"""TensorFlow and tensorflow_text load without the optional packages they
+would import for features lingshard never uses (start-up time of every
+command).
 
 `import tensorflow` (2.21) also imports, when they are installed:
 - jax (~0.35 s): `tensorflow/lite/python/util.py` imports `jax.jit` for
@@ -14,38 +15,53 @@ XLA, the experiments' plots) and TensorFlow installs Keras, so every
 lingshard process paid ~1.2 s of its ~2.6 s TensorFlow import for them
 (`import lingshard.trainer`, measured: 3.55 s with all three, 2.87 s
 without jax and matplotlib, 2.36 s without Keras too).
-`HideOptionalImports` (installed by `lingshard/__init__.py`) hides the three
-while TensorFlow's own module runs: TFLite's JAX converter sees jax as
-absent (`TFLiteConverter.experimental_from_jax` raises ImportError in a
-lingshard process), Keras is imported by the first use of `tf.keras`, and
-all three packages import normally afterwards (`lingshard.spmd` imports
-jax, the experiments import matplotlib).
+`import tensorflow_text` (the SentencePiece ops of the MT input and export)
+defines a Keras layer at import (`tensorflow_text.keras.layers.ToDense`),
+so it loads Keras, and Keras 3 imports jax (`keras.src.callbacks.
+orbax_checkpoint`) and matplotlib.pyplot (`keras.src.visualization`), each
+allowing an ImportError: 0.96 s, 0.38 s without jax and matplotlib
+(measured after `import lingshard.trainer`).
 
-Only a first `import tensorflow` after `import lingshard` is affected; a
-process that imported TensorFlow earlier keeps what it has.
+`HideOptionalImports` (installed by `lingshard/__init__.py`) hides the three
+while TensorFlow's own module runs, and jax and matplotlib while
+tensorflow_text's runs (HIDDEN_WHILE). TFLite's JAX converter sees jax as
+absent (`TFLiteConverter.experimental_from_jax` raises ImportError in a
+lingshard process), and so does Keras when tensorflow_text loads it
+(Keras' orbax checkpoint callback and its `keras.visualization` plots are
+unavailable then). Keras is otherwise imported by the first use of
+`tf.keras`, and all three packages import normally afterwards
+(`lingshard.spmd` imports jax, the experiments import matplotlib).
+
+Only a first import of each after `import lingshard` is affected; a
+process that imported one earlier keeps what it has.
 """
 
 import importlib.abc
 import importlib.machinery
 import sys
 
-# Top-level packages hidden while tensorflow/__init__.py runs.
-HIDDEN = ('jax', 'matplotlib', 'keras')
+# {package: the top-level packages hidden while its __init__.py runs}.
+HIDDEN_WHILE = {
+    'tensorflow': ('jax', 'matplotlib', 'keras'),
+    # tensorflow_text needs Keras (it subclasses tf.keras.layers.Layer).
+    'tensorflow_text': ('jax', 'matplotlib'),
+}
 
 
 class _HidingLoader(importlib.abc.Loader):
-  """Runs TensorFlow's own loader with HIDDEN absent from the import system
-  (a None entry in sys.modules makes `import name` raise ImportError), then
-  gives the module its own loader back."""
+  """Runs a package's own loader with `hidden` absent from the import
+  system (a None entry in sys.modules makes `import name` raise
+  ImportError), then gives the module its own loader back."""
 
-  def __init__(self, loader):
+  def __init__(self, loader, hidden):
     self._loader = loader
+    self._hidden = hidden
 
   def create_module(self, spec):
     return self._loader.create_module(spec)
 
   def exec_module(self, module):
-    hidden = [name for name in HIDDEN if name not in sys.modules]
+    hidden = [name for name in self._hidden if name not in sys.modules]
     for name in hidden:
       sys.modules[name] = None
     try:
@@ -59,26 +75,32 @@ class _HidingLoader(importlib.abc.Loader):
         module.__spec__.loader = self._loader
 
 
-class _TensorFlowFinder(importlib.abc.MetaPathFinder):
-  """Finds `tensorflow` once (the path finders' spec, its loader wrapped),
-  then leaves the meta path."""
+class _HidingFinder(importlib.abc.MetaPathFinder):
+  """Finds each package of HIDDEN_WHILE once (the path finders' spec, its
+  loader wrapped); leaves the meta path when none is left."""
+
+  def __init__(self):
+    self.pending = set()
 
   def find_spec(self, name, path=None, target=None):
-    if name != 'tensorflow':
+    if name not in self.pending:
       return None
-    Uninstall()
+    self.pending.discard(name)
+    if not self.pending:
+      Uninstall()
     spec = importlib.machinery.PathFinder.find_spec(name, path)
     if spec is not None and spec.loader is not None:
-      spec.loader = _HidingLoader(spec.loader)
+      spec.loader = _HidingLoader(spec.loader, HIDDEN_WHILE[name])
     return spec
 
 
-_FINDER = _TensorFlowFinder()
+_FINDER = _HidingFinder()
 
 
 def HideOptionalImports():
-  """Installs the finder unless TensorFlow is already imported."""
-  if 'tensorflow' not in sys.modules and _FINDER not in sys.meta_path:
+  """Installs the finder for the packages not imported yet."""
+  _FINDER.pending = {name for name in HIDDEN_WHILE if name not in sys.modules}
+  if _FINDER.pending and _FINDER not in sys.meta_path:
     sys.meta_path.insert(0, _FINDER)
 
 

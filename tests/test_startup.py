@@ -1,6 +1,7 @@
 """lingshard/startup.py: TensorFlow loads without jax, matplotlib and Keras
-in a process that imports lingshard first; all three import and work
-afterwards (tf.keras loads on first use); a process that imported TensorFlow first keeps them.
+in a process that imports lingshard first, tensorflow_text without jax and
+matplotlib; all three import and work afterwards (tf.keras loads on first
+use); a process that imported TensorFlow first keeps them.
 The corpus tools start without TensorFlow (lingshard/input_error.py).
 Each case runs in a fresh interpreter (the import system is per process)."""
 
@@ -14,11 +15,18 @@ _AFTER_LINGSHARD = r'''
 import json, sys
 import lingshard.trainer
 from lingshard import startup
-seen = {name: name in sys.modules for name in ('tensorflow', 'jax',
-                                               'matplotlib', 'keras')}
+def Seen():
+  return {name: name in sys.modules for name in (
+      'tensorflow', 'tensorflow_text', 'jax', 'matplotlib', 'keras')}
+seen = Seen()
+pending = sorted(startup._FINDER.pending)
 finder_left = startup._FINDER in sys.meta_path
 import tensorflow as tf
 loader = type(tf.__loader__).__name__
+import tensorflow_text
+seen_text = Seen()
+text_finder_left = startup._FINDER in sys.meta_path
+text_loader = type(tensorflow_text.__loader__).__name__
 import jax.numpy as jnp
 import matplotlib
 matplotlib.use('Agg')
@@ -26,8 +34,10 @@ import matplotlib.pyplot as plt
 plt.figure()
 total = float(jnp.arange(4.0).sum())
 adam = type(tf.keras.optimizers.Adam(0.1)).__name__
-print(json.dumps(dict(seen=seen, finder_left=finder_left, loader=loader,
-                      total=total, adam=adam)))
+print(json.dumps(dict(seen=seen, pending=pending, finder_left=finder_left,
+                      loader=loader, seen_text=seen_text,
+                      text_finder_left=text_finder_left,
+                      text_loader=text_loader, total=total, adam=adam)))
 '''
 
 _TF_FIRST = r'''
@@ -36,7 +46,7 @@ import tensorflow
 import lingshard.trainer
 from lingshard import startup
 print(json.dumps(dict(jax='jax' in sys.modules, keras='keras' in sys.modules,
-                      finder=startup._FINDER in sys.meta_path)))
+                      pending=sorted(startup._FINDER.pending))))
 '''
 
 
@@ -50,10 +60,16 @@ def _Run(code):
 
 def test_tensorflow_loads_without_jax_matplotlib_keras_which_still_work():
   out = _Run(_AFTER_LINGSHARD)
-  assert out['seen'] == {'tensorflow': True, 'jax': False,
-                         'matplotlib': False, 'keras': False}
-  assert not out['finder_left']
+  assert out['seen'] == {'tensorflow': True, 'tensorflow_text': False,
+                         'jax': False, 'matplotlib': False, 'keras': False}
+  assert out['pending'] == ['tensorflow_text'] and out['finder_left']
   assert out['loader'] == 'SourceFileLoader'  # Its own loader back.
+  # tensorflow_text loads Keras (its ToDense layer), not jax / matplotlib.
+  assert out['seen_text'] == {'tensorflow': True, 'tensorflow_text': True,
+                              'jax': False, 'matplotlib': False,
+                              'keras': True}
+  assert not out['text_finder_left']
+  assert out['text_loader'] == 'SourceFileLoader'
   assert out['total'] == 6.0
   assert out['adam'] == 'Adam'
 
@@ -61,7 +77,8 @@ def test_tensorflow_loads_without_jax_matplotlib_keras_which_still_work():
 def test_tensorflow_imported_first_keeps_its_imports():
   # jax installed (the spmd extra): TensorFlow's own import loads it, and
   # Keras.
-  assert _Run(_TF_FIRST) == {'jax': True, 'keras': True, 'finder': False}
+  assert _Run(_TF_FIRST) == {'jax': True, 'keras': True,
+                             'pending': ['tensorflow_text']}
 
 
 def test_corpus_tools_start_without_tensorflow():

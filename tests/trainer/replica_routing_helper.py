@@ -7,6 +7,7 @@ updated weights' checksum and every MoE layer's routing (expert, slot and
 dispatch decision of each (group, token, choice)), the replicas' groups
 concatenated in order."""
 
+import gc
 import json
 import threading
 
@@ -118,4 +119,7 @@ def Main():
 
 
 if __name__ == '__main__':
+  # A test process, like the pytest workers (tests/conftest.py): no
+  # automatic collection while TF traces (this helper: 56.9 -> 51.6 s).
+  gc.disable()
   Main()
