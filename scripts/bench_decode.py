@@ -50,6 +50,7 @@ SEARCHES = {'greedy': dict(beam_size=1),
 def main():
   args = _Args()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+  import lingshard  # noqa: F401  Before TF: lingshard/startup.py
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingshard import sharding  # pylint: disable=g-import-not-at-top
   from lingshard import model_registry  # pylint: disable=g-import-not-at-top

@@ -174,6 +174,7 @@ def main():
   if args.allocator == 'bfc':
     os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
   # TensorFlow is imported only now, after the allocator choice is in env.
+  import lingshard  # noqa: F401  Before TF: lingshard/startup.py
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if args.inter_op_threads:
     tf.config.threading.set_inter_op_parallelism_threads(

@@ -22,6 +22,9 @@ import os
 import signal
 import sys
 
+# lingshard before TensorFlow, as in the trainer: TensorFlow then loads
+# without jax, matplotlib and Keras (lingshard/startup.py; ~1 s a process).
+import lingshard  # noqa: F401  pylint: disable=unused-import
 from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.checkpoint import functional_saver
 from tensorflow.python.lib.io import file_io
