@@ -27,10 +27,11 @@ examples plus one cell's activations of one micro-batch). The table gives
 both in units of one sequence's activations of one layer.
 
 (b) Efficiency (§2.3): per-device FLOPs of the pipelined program (XLA cost
-analysis, of the unrolled schedule: `loop=False`) for K stages and M micro-batches against the unpipelined step
-(K = 1, M = 1, one device) divided by K. The SPMD pipeline runs all K
-stages in each of its M + K - 1 iterations, bubble iterations included,
-so the FLOPs efficiency is M / (M + K - 1) = 1 - the bubble (K-1)/(M+K-1).
+analysis, of the unrolled schedule: `loop=False`) for K stages and M
+micro-batches against the unpipelined step (K = 1, M = 1, one device)
+divided by K. The SPMD pipeline runs all K stages in each of its
+M + K - 1 iterations, bubble iterations included, so the FLOPs efficiency
+is M / (M + K - 1) = 1 - the bubble (K-1)/(M+K-1).
 The measured wall-clock speedup on K virtual CPU devices is printed too;
 the K virtual devices share this machine's cores, so it is bounded by the
 number of cores, not by K.

@@ -12,6 +12,8 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from lingshard.experiments import runs
+
 # No automatic garbage collection in the test processes: the full
 # collections that TF's traced graphs trigger cost a worker 30-75 s of a
 # session, one pause alone 62 s (gc callbacks, 2 cores); without them a
@@ -54,11 +56,11 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 # (a worker, and the commands it starts) intra-op and inter-op pools as
 # wide as the machine: 2 workers x 2 pools x 2 threads on 2 cores, with
 # Eigen's pools spinning while they wait. One thread each, as
-# lingshard.experiments gives its two parallel trainer runs (runs.RunEnv):
+# lingshard.experiments gives its two parallel trainer runs:
 # the whole suite took 487 s instead of 507 s (one run each, same host).
 if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
-  os.environ.setdefault('TF_NUM_INTRAOP_THREADS', '1')
-  os.environ.setdefault('TF_NUM_INTEROP_THREADS', '1')
+  for _name, _value in runs.ONE_THREAD_ENV.items():
+    os.environ.setdefault(_name, _value)
 _FLAG = '--xla_force_host_platform_device_count=8'
 if _FLAG.split('=')[0] not in os.environ.get('XLA_FLAGS', ''):
   os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '') + ' ' +

@@ -73,11 +73,16 @@ def WallSteps(steps, ms_arm, ms_dense):
   return steps if abs(wall - steps) <= WALL_TOLERANCE * steps else wall
 
 
+# One TF intra-op and one inter-op thread: for processes that share the
+# cores with as many others (here two runs at once on two cores; the test
+# suite's xdist workers, tests/conftest.py).
+ONE_THREAD_ENV = {'TF_NUM_INTRAOP_THREADS': '1', 'TF_NUM_INTEROP_THREADS': '1'}
+
+
 def RunEnv():
-  """The environment of a trainer subprocess: one intra-op and one inter-op
-  thread (two run at once on the two cores), quiet TF logging."""
-  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', TF_NUM_INTRAOP_THREADS='1',
-              TF_NUM_INTEROP_THREADS='1')
+  """The environment of a trainer subprocess: ONE_THREAD_ENV (two run at
+  once on the two cores), quiet TF logging."""
+  return dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2', **ONE_THREAD_ENV)
 
 
 def EveryNth(src, dst, every):
