@@ -7,6 +7,9 @@ balance   auxiliary-loss-free balancing (DeepSeek-V3 §2.1.2) vs GShard's aux
           group_aux 0 + selection_bias_rate, and group_aux 0 alone (no
           balancing), `--steps` steps, every seed: dev log-perplexity and the
           MoE layers' max/mean load and CV(load) over the last quarter.
+          `--arms aux,bias` skips the unbalanced arm; the README's
+          one-bucket row: --params_override='input.bucket_upper_bounds=
+          [64];input.bucket_batch_limits=[64]' (batches of one shape).
 upcycle   sparse upcycling (Komatsuzaki et al. 2023): a dense twin with the
           experts' hidden (m4.TinyDense, task.hidden_dim=256) trained
           `--steps`/2 steps, then m4.TinyMoEUpcycled from its checkpoint for
@@ -40,6 +43,9 @@ def _Args():
   ap.add_argument('--steps', type=int, default=1000)
   ap.add_argument('--rate', type=float, default=0.001,
                   help='selection_bias_rate of the aux-loss-free arm.')
+  ap.add_argument('--arms', default='aux,bias,none',
+                  help='Arms of the balance experiment (aux: group_aux 0.01; '
+                  'bias: group_aux 0 + --rate; none: group_aux 0).')
   ap.add_argument('--workers', type=int, default=2)
   ap.add_argument('--params_override', default='',
                   help='Appended to every run\'s overrides (e.g. one '
@@ -76,13 +82,17 @@ def SummedLoadBalance(logdir, steps):
   return float(np.mean(ratios))
 
 
-def Balance(runner, seeds, steps, rate, eval_every):
-  arms = {
-      'aux0.01': '',
-      f'bias{rate:g}': ('task.moe_tpl.aux_loss_weights.group_aux=0.0;'
-                        f'task.moe_tpl.selection_bias_rate={rate}'),
-      'none': 'task.moe_tpl.aux_loss_weights.group_aux=0.0',
+def Balance(runner, seeds, steps, rate, eval_every, names):
+  all_arms = {
+      'aux': ('aux0.01', ''),
+      'bias': (f'bias{rate:g}', ('task.moe_tpl.aux_loss_weights.group_aux=0.0;'
+                                 f'task.moe_tpl.selection_bias_rate={rate}')),
+      'none': ('none', 'task.moe_tpl.aux_loss_weights.group_aux=0.0'),
   }
+  unknown = sorted(set(names) - set(all_arms))
+  if unknown:
+    raise SystemExit(f'--arms: unknown {unknown}; known {sorted(all_arms)}')
+  arms = dict(all_arms[n] for n in names)
   runs = [runs_lib.Run(f'{arm}-s{s}', 'm4.TinyMoE', s, [steps], ov,
                        eval_every=eval_every)
           for arm, ov in arms.items() for s in seeds]
@@ -134,7 +144,8 @@ def main():
   eval_every = max(1, args.steps // 4)
   only = args.only.split(',')
   if 'balance' in only:
-    Balance(runner, seeds, args.steps, args.rate, eval_every)
+    Balance(runner, seeds, args.steps, args.rate, eval_every,
+            args.arms.split(','))
   if 'upcycle' in only:
     Upcycle(runner, seeds, args.steps, eval_every, args.work_dir)
 
