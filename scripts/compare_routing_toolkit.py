@@ -51,7 +51,16 @@ def _Args():
                   help='Appended to every run\'s overrides (e.g. one '
                   'bucket: input.bucket_upper_bounds=[64];'
                   'input.bucket_batch_limits=[16]).')
-  return ap.parse_args()
+  args = ap.parse_args()
+  for flag, known in (('only', ('balance', 'upcycle')),
+                      ('arms', ('aux', 'bias', 'none'))):
+    names = getattr(args, flag).split(',')
+    bad = [n for n in names if n not in known]
+    if bad:
+      ap.error(f'--{flag}: unknown {", ".join(bad)}; choose from '
+               f'{", ".join(known)}')
+    setattr(args, flag, names)
+  return args
 
 
 def _Curve(result):
@@ -89,9 +98,6 @@ def Balance(runner, seeds, steps, rate, eval_every, names):
                                  f'task.moe_tpl.selection_bias_rate={rate}')),
       'none': ('none', 'task.moe_tpl.aux_loss_weights.group_aux=0.0'),
   }
-  unknown = sorted(set(names) - set(all_arms))
-  if unknown:
-    raise SystemExit(f'--arms: unknown {unknown}; known {sorted(all_arms)}')
   arms = dict(all_arms[n] for n in names)
   runs = [runs_lib.Run(f'{arm}-s{s}', 'm4.TinyMoE', s, [steps], ov,
                        eval_every=eval_every)
@@ -142,11 +148,9 @@ def main():
                            workers=args.workers,
                            mt_overrides=args.params_override)
   eval_every = max(1, args.steps // 4)
-  only = args.only.split(',')
-  if 'balance' in only:
-    Balance(runner, seeds, args.steps, args.rate, eval_every,
-            args.arms.split(','))
-  if 'upcycle' in only:
+  if 'balance' in args.only:
+    Balance(runner, seeds, args.steps, args.rate, eval_every, args.arms)
+  if 'upcycle' in args.only:
     Upcycle(runner, seeds, args.steps, eval_every, args.work_dir)
 
 
