@@ -330,6 +330,11 @@ def CheckFlags(cfg):
   if cfg.num_cpu_devices < 1:
     raise ConfigError(f'--num_cpu_devices={cfg.num_cpu_devices}: must be '
                       '>= 1')
+  if cfg.num_cpu_devices > strategies.MAX_CPU_DEVICES:
+    raise ConfigError(
+        f'--num_cpu_devices={cfg.num_cpu_devices}: must be <= '
+        f'{strategies.MAX_CPU_DEVICES} (each logical CPU device costs host '
+        'memory and threads; data-parallel CPU runs need a handful)')
 
 
 def CheckLogdir(logdir):

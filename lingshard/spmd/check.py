@@ -180,6 +180,10 @@ def MeshShape(mesh_shape):
                           not isinstance(d, bool) and d >= 1 for d in value):
     raise MeshShapeError(f'mesh shape must be positive ints, got '
                          f'{mesh_shape!r}')
+  num = math.prod(int(d) for d in value)  # Exact: no int64 overflow.
+  if num > xla_runtime.MAX_CPU_DEVICES:
+    raise MeshShapeError(f'mesh shape {mesh_shape!r} needs {num} devices; '
+                         f'{xla_runtime.DEVICE_LIMIT}')
   return tuple(int(d) for d in value)
 
 
@@ -445,6 +449,18 @@ def FirstBatch(input_generator):
   return _AsNestedMap(element).Transform(_Numpy)
 
 
+def ModelParams(model_key, mesh_shape, dataset='Train'):
+  """The checked model's params on mesh `mesh_shape`, validated by
+  config_check (ConfigCheckError) without creating any device: callers
+  check them before configuring the virtual devices."""
+  params = model_registry.GetParams(model_key, dataset)
+  params.task = _WithMesh(params.task, MeshShape(mesh_shape))
+  # The partitioned program proves the TPU job: its 'auto' MoE dispatch.
+  base_layer.ResolveParams(params.task, platform='tpu')
+  config_check.Validate(params)
+  return params
+
+
 def CheckModel(model_key, mesh_shape, *, dataset='Train', step=0,
                split_batch=True, expect=(), rtol=None, atol=None,
                compare=True):
@@ -455,12 +471,8 @@ def CheckModel(model_key, mesh_shape, *, dataset='Train', step=0,
   registry's LookupError for an unknown key.
   """
   mesh_shape = MeshShape(mesh_shape)
+  params = ModelParams(model_key, mesh_shape, dataset)
   xla_runtime.CpuDevices(int(np.prod(mesh_shape)))
-  params = model_registry.GetParams(model_key, dataset)
-  params.task = _WithMesh(params.task, mesh_shape)
-  # The partitioned program proves the TPU job: its 'auto' MoE dispatch.
-  base_layer.ResolveParams(params.task, platform='tpu')
-  config_check.Validate(params)
   model = params.Instantiate()
   batch = FirstBatch(model.GetInput())
   return CheckTask(model.task, batch, mesh_shape, name=model_key, step=step,

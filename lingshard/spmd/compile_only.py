@@ -94,8 +94,8 @@ def CompileModel(model_key, *, dataset='Train', bucket=-1, expect=()):
         f'{model_key}: task.device_mesh is None; compile_only compiles a '
         'config for its own mesh')
   num = int(np.size(mesh))
-  xla_runtime.CpuDevices(num)
   task = config_check.Validate(params)
+  xla_runtime.CpuDevices(num)
   batch_spec = params.input.Instantiate().BatchSpec(bucket)
   return CompileTrainStep(task, batch_spec, num, name=model_key,
                           expect=expect, mesh_shape=np.shape(mesh))

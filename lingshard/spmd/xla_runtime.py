@@ -24,6 +24,15 @@ PINNED_JAXLIB_VERSION = '0.10.2'
 INSTALL_HINT = 'install the spmd extra: pip install -e .[spmd]'
 
 
+# Virtual CPU devices cost host memory and threads (4096 took 0.6 GB and 8 s
+# to start here; a --mesh of 100000 grew past 6 GB before any check ran);
+# the largest registered mesh (m4.MoE2048E36L's) has 2048 devices.
+MAX_CPU_DEVICES = 4096
+DEVICE_LIMIT = (f'at most {MAX_CPU_DEVICES} virtual CPU devices (each costs '
+                'host memory; the largest registered mesh, m4.MoE2048E36L\'s, '
+                'has 2048)')
+
+
 class JaxlibUnavailableError(ImportError):
   """jaxlib is missing or not the version this module was written for."""
 
@@ -111,7 +120,11 @@ def ConfigureCpuDevices(num_devices):
   """Sets the number of virtual CPU devices; only before the backend starts.
 
   A no-op if the backend already has exactly `num_devices` devices.
+  DeviceCountError beyond MAX_CPU_DEVICES, before any device exists.
   """
+  if not 1 <= num_devices <= MAX_CPU_DEVICES:
+    raise DeviceCountError(f'cannot create {num_devices} virtual CPU devices: '
+                           f'{DEVICE_LIMIT}')
   j = _Load()
   if j.xla_bridge.backends_are_initialized():
     have = NumCpuDevices()

@@ -57,8 +57,10 @@ def Run(model_key, mesh, expect=(), dataset='Train', step=0,
   from lingshard.spmd import expect as expect_lib
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
-  mesh_shape = check.MeshShape(mesh)
+  mesh_shape = check.MeshShape(mesh)  # Bounded: xla_runtime.DEVICE_LIMIT.
   expect_lib.ParseRules(expect)  # Bad rules fail before any compiling.
+  # The config fits the mesh before its devices exist (they cost memory).
+  check.ModelParams(model_key, mesh_shape, dataset)
   xla_runtime.ConfigureCpuDevices(int(np.prod(mesh_shape)))
   result = check.CheckModel(model_key, mesh_shape, dataset=dataset,
                             step=step, split_batch=split_batch,

@@ -62,8 +62,19 @@ def DefaultJit(kind, jit_flag):
   return kind == 'tpu' if jit_flag is None else bool(jit_flag)
 
 
+# Logical CPU devices are threads and buffers of one host: 4096 start in
+# ~5 s here (0.7 GB) while --num_cpu_devices=100000 stalled; a
+# data-parallel CPU run needs a handful, and no registered mesh exceeds 2048.
+MAX_CPU_DEVICES = 4096
+
+
 def ConfigureCpuDevices(n):
-  """Splits the host CPU into `n` logical devices (before TF initialises)."""
+  """Splits the host CPU into `n` logical devices (before TF initialises);
+  StrategyError beyond MAX_CPU_DEVICES (nothing created)."""
+  if n > MAX_CPU_DEVICES:
+    raise StrategyError(f'cannot split the host CPU into {n} logical devices: '
+                        f'at most {MAX_CPU_DEVICES} (each costs host memory '
+                        'and threads)')
   if n <= 1:
     return
   cpus = tf.config.list_physical_devices('CPU')

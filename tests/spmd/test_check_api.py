@@ -283,3 +283,31 @@ def test_report_names_isolated_and_mismatched_tensors():
           f'0.0001) in {isolated.beyond} of 4096 elements') in report
   assert ('    MISMATCH y float64[4]: abs 1 rel 1 (tolerance rel 1e-09) in '
           '4 of 4 elements') in report
+
+
+_LIMIT = ('at most 4096 virtual CPU devices (each costs host memory; the '
+          "largest registered mesh, m4.MoE2048E36L's, has 2048)")
+
+
+@pytest.mark.parametrize('mesh', ['100000', '99999999999999999999999',
+                                  '64,64,2'])
+def test_cli_mesh_beyond_the_device_limit_is_one_line(mesh):
+  """Refused before any device is created (a mesh of 100000 grew memory
+  past 6 GB; 10**23 was a jaxlib overflow traceback)."""
+  xla_runtime.NumCpuDevices()  # Backend up: no test may switch its count.
+  num = int(np.prod([int(d) for d in mesh.split(',')], dtype=object))
+  assert spmd_testlib.RunCli('--model=m4.TinyMoE', f'--mesh={mesh}') == (
+      f"spmd_check: error: mesh shape '{mesh}' needs {num} devices; {_LIMIT}")
+  with pytest.raises(xla_runtime.DeviceCountError) as e:
+    xla_runtime.ConfigureCpuDevices(num)
+  assert str(e.value) == f'cannot create {num} virtual CPU devices: {_LIMIT}'
+
+
+def test_cli_config_is_checked_before_the_devices_are_created():
+  """A mesh within the limit that the config cannot use fails the config
+  check, not the device set-up (which would first create 4096 devices)."""
+  xla_runtime.NumCpuDevices()
+  assert spmd_testlib.RunCli('--model=m4.TinyMoE', '--mesh=4096') == (
+      'spmd_check: error: input.bucket_batch_limits[0]=128 must be divisible '
+      "by mesh axis 'x' of size 4096 (the batch is split over it)")
+  assert xla_runtime.NumCpuDevices() == 8

@@ -295,6 +295,9 @@ def test_max_steps_below_one_from_params_is_refused(tmp_path):
     ('--max_train_seconds=-1', '--max_train_seconds=-1: must be >= 0 (0 = no '
      'limit)'),
     ('--num_cpu_devices=0', '--num_cpu_devices=0: must be >= 1'),
+    ('--num_cpu_devices=100000', '--num_cpu_devices=100000: must be <= 4096 '
+     '(each logical CPU device costs host memory and threads; data-parallel '
+     'CPU runs need a handful)'),
 ])
 def test_numeric_flags_out_of_range(tmp_path, flag, message):
   with pytest.raises(trainer.ConfigError) as e:
