@@ -58,12 +58,23 @@ flags.DEFINE_bool('jit', None, 'XLA-compile the train step; default on for '
 DEV_SPLITS = (splits.DEV_UNSEEN, splits.DEV_SEEN)
 
 
+class SubcommandError(Exception):
+  """A step's command failed; it has printed its own (one-line) error."""
+
+  def __init__(self, returncode):
+    super().__init__(returncode)
+    self.returncode = returncode
+
+
 def _Run(args, printer=print):
-  """Runs `python -m ...args`, streaming its output; raises on failure."""
+  """Runs `python -m ...args`, streaming its output; SubcommandError on
+  failure."""
   cmd = [sys.executable, '-m'] + args
   printer('$ ' + ' '.join(shlex.quote(a) for a in cmd), flush=True)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
-  subprocess.run(cmd, check=True, env=env)
+  returncode = subprocess.run(cmd, check=False, env=env).returncode
+  if returncode:
+    raise SubcommandError(returncode)
 
 
 def VocabPaths(model, data_dir):
@@ -149,6 +160,15 @@ def MainLm(data_dir, logdir, start):
 
 
 def main(argv):
+  """Runs the demo; a failed step's own error line is all that is printed
+  (no traceback of ours after it), with its exit status (1 if killed)."""
+  try:
+    _Main(argv)
+  except SubcommandError as e:
+    sys.exit(e.returncode if e.returncode > 0 else 1)
+
+
+def _Main(argv):
   del argv
   start = time.time()
   try:

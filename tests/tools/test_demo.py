@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+from absl.testing import flagsaver
 
 from lingshard import base_input
 from lingshard.data import corpus_io
@@ -13,6 +14,7 @@ from lingshard.data import lm_inputs
 from lingshard.data import lm_prepare
 from lingshard.tools import demo
 from lingshard.tools import demo_lm
+from tests.trainer import trainer_testlib
 
 
 def test_vocab_paths_follow_the_model():
@@ -100,3 +102,27 @@ def test_score_table_compares_with_the_unigram_model_on_the_same_tokens():
     demo_lm.ScoreTable(result, 6.0, 1199)
   assert str(e.value) == ('the evaluation scored 1200 tokens, the unigram '
                           'model 1199')
+
+
+def test_a_failed_step_prints_only_its_own_error_line(tmp_path, monkeypatch,
+                                                      capfd):
+  """The trainer's one line, then the demo exits with its status (it used
+  to add a CalledProcessError traceback)."""
+  data_dir = tmp_path / 'data'
+  (data_dir / 'vocab').mkdir(parents=True)
+  (data_dir / 'train.tsv').write_text('de\tHallo\tHello\n')
+  (data_dir / 'vocab' / 'spm_shared.model').write_text('')
+  monkeypatch.setenv('PYTHONPATH', trainer_testlib.REPO)
+  with flagsaver.flagsaver():
+    demo.FLAGS.unparse_flags()
+    demo.FLAGS(['demo', f'--data_dir={data_dir}',
+                f'--logdir={tmp_path / "log"}', '--max_steps=0'])
+    with pytest.raises(SystemExit) as e:
+      demo.main(['demo'])
+  assert e.value.code == 1
+  err = capfd.readouterr().err
+  assert [line for line in err.splitlines() if 'cuda' not in line and
+          not line.startswith(('WARNING: All log', 'E0000', 'I0000'))] == [
+      'lingshard.trainer: error: --max_steps=0: must be >= 1 (the step to '
+      'train to)']
+  assert not (tmp_path / 'log').exists()
