@@ -20,14 +20,17 @@ Steps (each printed as `+ command` before it runs; --dry_run only prints):
      codes;
   6. delete the TPU VM if this run created it (unless --keep).
 
-Before any command, the model is checked against the slice (the params
+Before any command, --trainer_args are parsed by the trainer's own flag
+parser (an unknown flag or a stray word, e.g. `; touch x`, is refused in
+one line) and the model is checked against the slice (the params
 the trainer will build, --trainer_args' overrides included, and the
 accelerator's device and host counts, lingshard/train/tpu_topology.py): a
 mesh that does not tile the slice or a batch that does not split over its
 replicas is refused with one line, and the job's shape (devices, hosts,
 replicas, logdir) is printed to stderr. That check imports lingshard from
 this checkout (TensorFlow installed, as for the laptop proof);
---skip_topology_check skips it (e.g. a --source whose registry differs).
+--skip_topology_check skips both (e.g. a --source whose registry or flags
+differ).
 
 Local commands run as argv lists (no local shell). Every value put into a
 command string that a worker's shell runs (model, logdir, mode, trainer
@@ -119,8 +122,12 @@ def CheckTopology(ap, args, err=sys.stderr):
   fv = flags.FlagValues()
   trainer.DefineFlags(fv)
   try:
-    fv(['trainer', f'--model={args.model}', f'--mode={args.mode}'] +
-       args.trainer_argv)
+    rest = fv(['trainer', f'--model={args.model}', f'--mode={args.mode}'] +
+              args.trainer_argv)
+    if len(rest) > 1:  # The trainer would refuse it on the VM, after boot.
+      ap.error(f'--trainer_args {args.trainer_args!r}: {rest[1]!r} is not a '
+               'trainer flag (the trainer takes --flags only; every word '
+               'reaches it quoted, so shell syntax is not run)')
     params, _ = trainer.BuildParams(fv)
     topo, replicas, cores = tpu_topology.CheckModelOnTpu(
         params, args.model, args.accelerator_type)

@@ -135,3 +135,32 @@ def test_logdir_must_be_on_gcs(capsys):
   assert e.value.code == 2
   assert capsys.readouterr().err.splitlines()[-1].endswith(
       ': error: --logdir must be a gs:// path (the TPU VMs write it)')
+
+
+@pytest.mark.parametrize('trainer_args,word', [
+    ('--max_steps=10 ; touch x', ';'),
+    ('--max_steps=10 touch', 'touch'),
+])
+def test_stray_words_in_trainer_args_are_refused_before_any_command(
+    capsys, trainer_args, word):
+  """The trainer's own flag parser finds them before the VM exists (the
+  trainer would refuse them only once it runs on the VM)."""
+  module = _Module()
+  with pytest.raises(SystemExit) as e:
+    module.ParseArgs([a for a in ARGS if not a.startswith('--trainer_args')] +
+                     [f'--trainer_args={trainer_args}'])
+  assert e.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1].endswith(
+      f': error: --trainer_args {trainer_args!r}: {word!r} is not a '
+      'trainer flag (the trainer takes --flags only; every word reaches it '
+      'quoted, so shell syntax is not run)')
+
+
+def test_unknown_trainer_flag_is_refused_before_any_command(capsys):
+  module = _Module()
+  with pytest.raises(SystemExit) as e:
+    module.ParseArgs(ARGS + ['--trainer_args=--max_step=10'])
+  assert e.value.code == 2
+  assert capsys.readouterr().err.splitlines()[-1].endswith(
+      ": error: Unknown command line flag 'max_step'. Did you mean: "
+      'max_steps ?')
