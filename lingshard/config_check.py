@@ -27,9 +27,20 @@ of these that fails:
 The trainer runs it before any mode (and again with the strategy's replica
 and host counts before training), as do `count_params` and `spmd_check`;
 `--mode=print_params` prints the params only when they pass.
+
+`CheckValues(model_params)` (run first by Validate, and by the trainer in
+every mode before anything else) checks values that need no mesh: sizes
+>= 1, MoE layer indices, float dtypes, the input's buckets, batch sizes
+and sampling temperature, checkpoints kept. `CheckHostMemory(task)` (the
+trainer, before it allocates on this host) refuses weights that cannot
+fit in this host's memory.
 """
 
+import math
+import os
+
 import numpy as np
+import tensorflow as tf
 
 from lingshard import sharding
 from lingshard.layers import base_layer
@@ -151,7 +162,11 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
   strategies whose replicas are single devices (mirrored, multi_worker,
   default), where the annotations are not partitioned.
   """
-  task = model_params.task.Instantiate()
+  CheckValues(model_params)
+  try:
+    task = model_params.task.Instantiate()
+  except ValueError as e:  # A layer's own check of its params (one line).
+    raise ConfigCheckError(str(e).splitlines()[0]) from None
   layers = list(task.AllLayers())
   pipes = [x for x in layers if isinstance(x, pipeline.PipelinedLayer)]
   # MoE layers and the data shards of their micro-batch (pipeline bodies:
@@ -201,3 +216,172 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
       else:
         _CheckMoE(layer, tokens, where)
   return task
+
+
+# ------------------------------------------- values (no mesh, no replicas)
+# Sizes that are >= 1 wherever they are set (templates included; other
+# sizes such as a template's input_dim = 0 are filled in by its parent).
+_POSITIVE = ('model_dim', 'num_experts', 'num_heads', 'dim_per_head',
+             'src_vocab_size', 'tgt_vocab_size', 'vocab_size',
+             'num_encoder_layers', 'num_decoder_layers', 'num_groups',
+             'group_size', 'num_stages', 'num_micro_batches',
+             'micro_batch_size')
+# ... and at the task's root only.
+_POSITIVE_AT_ROOT = ('hidden_dim',)
+_FLOAT_DTYPES = ('dtype', 'fprop_dtype', 'expert_dtype')
+
+
+def _IsInt(value):
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _Key(prefix, name):
+  return f'{prefix}.{name}' if prefix else name
+
+
+def _CheckMoELayers(node, prefix, name):
+  """`<x>_moe_layers` (or `moe_layers`): None or indices into the
+  `num_<x>_layers` (`num_layers`) layers of its stack."""
+  value = node.Get(name)
+  if value is None:
+    return
+  count_name = 'num_' + name[:-len('moe_layers')] + 'layers'
+  key = _Key(prefix, name)
+  if (not isinstance(value, (list, tuple)) or
+      not all(_IsInt(i) for i in value)):
+    raise ConfigCheckError(f'{key}={value!r}: must be None or a list of '
+                           'layer indices, e.g. [1, 3]')
+  count = node.Get(count_name) if count_name in node else None
+  if _IsInt(count) and count > 0:
+    bad = [int(i) for i in value if not 0 <= i < count]
+    if bad:
+      raise ConfigCheckError(
+          f'{key}={list(value)}: layer index {bad[0]} is out of range; '
+          f'{_Key(prefix, count_name)}={count} (indices 0..{count - 1})')
+
+
+def _CheckTaskValues(task_params):
+  for prefix, node in task_params.IterParams('task.'):
+    for name, value in node:
+      key = _Key(prefix, name)
+      if value is not None and (name in _POSITIVE or (
+          prefix == 'task' and name in _POSITIVE_AT_ROOT)):
+        if not _IsInt(value) or value < 1:
+          raise ConfigCheckError(f'{key}={value!r}: must be an integer >= 1')
+      elif name in _FLOAT_DTYPES and value is not None and not (
+          isinstance(value, tf.DType) and value.is_floating):
+        raise ConfigCheckError(
+            f'{key}={value!r}: must be a floating-point dtype (tf.float32, '
+            'tf.bfloat16, tf.float16 or tf.float64)')
+      elif name.endswith('moe_layers'):
+        _CheckMoELayers(node, prefix, name)
+  train = task_params.train if 'train' in task_params else None
+  if train is not None and 'max_checkpoints_to_keep' in train:
+    keep = train.max_checkpoints_to_keep
+    if keep is not None and (not _IsInt(keep) or keep < 1):
+      raise ConfigCheckError(
+          f'task.train.max_checkpoints_to_keep={keep!r}: must be >= 1 (the '
+          'latest checkpoint is the one training resumes from)')
+
+
+def _CheckInputValues(input_params):
+  p = input_params
+  if p is None:
+    return
+  if 'bucket_upper_bounds' in p:
+    bounds = p.bucket_upper_bounds
+    if (not isinstance(bounds, (list, tuple)) or not bounds or
+        not all(_IsInt(b) for b in bounds) or bounds[0] < 2 or
+        list(bounds) != sorted(set(bounds))):
+      raise ConfigCheckError(
+          f'input.bucket_upper_bounds={bounds!r}: must be a non-empty '
+          'ascending list of sequence lengths >= 2')
+    if 'bucket_batch_limits' in p:
+      limits = p.bucket_batch_limits
+      if (not isinstance(limits, (list, tuple)) or
+          len(limits) != len(bounds)):
+        raise ConfigCheckError(
+            f'input.bucket_batch_limits={limits!r}: must list one batch size '
+            f'per bucket of input.bucket_upper_bounds={list(bounds)}')
+      bad = [b for b in limits if not _IsInt(b) or b < 1]
+      if bad:
+        raise ConfigCheckError(
+            f'input.bucket_batch_limits={list(limits)}: every batch size must '
+            f'be an integer >= 1, got {bad[0]!r}')
+  for name in ('batch_size', 'eval_batch_size'):
+    value = p.Get(name) if name in p else None
+    if value is not None and (not _IsInt(value) or value < 1):
+      raise ConfigCheckError(f'input.{name}={value!r}: must be an integer '
+                             '>= 1')
+  temperature = p.temperature if 'temperature' in p else None
+  if temperature is not None and (
+      not isinstance(temperature, (int, float)) or isinstance(
+          temperature, bool) or not 0 < temperature < math.inf):
+    raise ConfigCheckError(
+        f'input.temperature={temperature!r}: must be > 0 (1 samples '
+        'languages by their share of the data; None samples uniformly)')
+
+
+def CheckValues(model_params):
+  """ConfigCheckError (one line naming the param, its value and the rule)
+  for a value no mesh or job can make valid; needs no layer built."""
+  _CheckTaskValues(model_params.task)
+  _CheckInputValues(model_params.input)
+
+
+# ----------------------------------------------------------- host memory
+def HostMemoryBytes():
+  """This host's available memory (MemAvailable, else physical memory);
+  None if unknown."""
+  try:
+    with open('/proc/meminfo', encoding='ascii') as f:
+      for line in f:
+        if line.startswith('MemAvailable:'):
+          return int(line.split()[1]) * 1024
+  except (OSError, ValueError, IndexError):
+    pass
+  try:
+    return os.sysconf('SC_PHYS_PAGES') * os.sysconf('SC_PAGE_SIZE')
+  except (ValueError, OSError, AttributeError):
+    return None
+
+
+def DeclaredWeightBytes(task):
+  """(values, bytes) of every weight `task` (built without variables)
+  declares: one copy, no optimizer slots."""
+  values = total = 0
+  for layer in task.AllLayers():
+    for wp in layer.weight_params.values():
+      n = math.prod(int(d) for d in wp.shape)
+      dtype = tf.as_dtype(wp.dtype or layer.params.dtype or tf.float32)
+      values += n
+      total += n * dtype.size
+  return values, total
+
+
+def _Bytes(n):
+  """Binary units, one decimal: '65.0 TB'."""
+  if n < 1024:
+    return f'{n} bytes'
+  for unit in ('KB', 'MB', 'GB', 'TB'):
+    n /= 1024
+    if n < 1024 or unit == 'TB':
+      return f'{n:.1f} {unit}'
+  return ''
+
+
+def CheckHostMemory(task, available_bytes=None):
+  """ConfigCheckError when one copy of the task's weights alone exceeds
+  this host's available memory (`available_bytes`, default
+  HostMemoryBytes()): allocating them would only end in an out-of-memory
+  kill. Slots and activations are not counted: this refuses the obvious."""
+  available = HostMemoryBytes() if available_bytes is None else (
+      available_bytes)
+  if available is None:
+    return
+  values, total = DeclaredWeightBytes(task)
+  if total > available:
+    raise ConfigCheckError(
+        f"the model's weights take {_Bytes(total)} ({values:,} values) but "
+        f'this host has {_Bytes(available)} of memory available; choose '
+        'smaller sizes (e.g. task.model_dim) or a TPU slice (--strategy=tpu)')

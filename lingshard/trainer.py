@@ -370,9 +370,13 @@ def Execute(cfg, printer=Printer):
     raise ConfigError('--model is required (see --list_models)')
   CheckFlags(cfg)
   params, diff = BuildParams(cfg)
+  # Values that no job can make valid, in every mode, before anything.
+  config_check.CheckValues(params)
+  if cfg.mode in ('eval', 'decode', 'train_and_eval'):
+    config_check.CheckValues(BuildParams(cfg, cfg.eval_dataset, True)[0])
   training = cfg.mode in ('train', 'train_and_eval')
   if not training:  # Training checks once it knows its replicas.
-    config_check.Validate(params)
+    task = config_check.Validate(params)
   if cfg.mode == 'print_params':
     printer(params.ToText(docs=True).rstrip('\n'))
     return params
@@ -381,6 +385,8 @@ def Execute(cfg, printer=Printer):
   if not cfg.logdir:
     raise ConfigError(f'--logdir is required for --mode={cfg.mode}')
   CheckLogdir(cfg.logdir)
+  if not training:  # Eval, decode and export restore theta on this host.
+    config_check.CheckHostMemory(task)
   strategies.ConfigureCpuDevices(cfg.num_cpu_devices)
   tf.random.set_seed(cfg.seed if cfg.seed is not None else 1234)
   if training:
@@ -389,9 +395,11 @@ def Execute(cfg, printer=Printer):
         cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit)
     # Mirrored / multi-worker replicas are single devices (no partitioned
     # mesh); default and TPU runs hold to the mesh the pod job will use.
-    config_check.Validate(params, strategy.num_replicas_in_sync,
-                          info.num_input_pipelines,
-                          spmd=info.kind in ('default', 'tpu'))
+    task = config_check.Validate(params, strategy.num_replicas_in_sync,
+                                 info.num_input_pipelines,
+                                 spmd=info.kind in ('default', 'tpu'))
+    if info.kind != 'tpu':  # TPU weights live on the slice, not the host.
+      config_check.CheckHostMemory(task)
     printer(f'strategy {info.kind}: {strategy.num_replicas_in_sync} '
             f'replica(s), jit {"on" if info.jit_step else "off"}')
     return RunTrain(cfg, params, strategy, info, printer,
