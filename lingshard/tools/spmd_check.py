@@ -14,8 +14,10 @@ its real train step (with the optimizer update) on its own mesh (e.g. 128
 devices), from shapes alone (spmd/compile_only.py): partitioned and
 compiled, not run; the report gives per-device memory and collectives.
 Exit status 1 on a mismatch or a failed --expect rule; bad input
-(unknown model, a mesh the devices cannot hold, jaxlib missing, the model's
-data not prepared) prints one line and exits 1. See lingshard/spmd/expect.py for the rule syntax.
+(unknown model, a mesh the devices cannot hold or of more than 4096
+devices, a config that does not fit the mesh, jaxlib missing, the model's
+data not prepared) prints one line and exits 1, before any virtual device
+is created when it can. See lingshard/spmd/expect.py for the rule syntax.
 """
 
 import sys
