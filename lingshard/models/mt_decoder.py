@@ -28,12 +28,12 @@ import os
 
 import numpy as np
 import sacrebleu
-import sentencepiece as spm
 import tensorflow as tf
 
 from lingshard import base_input
 from lingshard import sharding
 from lingshard.data import corpus_io
+from lingshard.data import vocab
 from lingshard.train import decode_loop
 
 Record = collections.namedtuple('Record',
@@ -52,7 +52,8 @@ class Detokenizer:
   def __init__(self, model_file):
     if isinstance(model_file, str) and not os.path.isfile(model_file):
       raise corpus_io.MissingFileError('vocabulary', model_file)
-    self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    with open(model_file, 'rb') as f:
+      self._sp = vocab.LoadModel(f.read(), 'vocabulary', model_file)
     self._eos = self._sp.eos_id()
     self._drop = {i for i in (self._sp.pad_id(), self._sp.bos_id()) if i >= 0}
     self._size = self._sp.get_piece_size()
