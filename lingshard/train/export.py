@@ -8,8 +8,9 @@ The task builds the module (`BaseTask.CreateExportModule`, e.g.
 The export directory also holds MARKER (JSON: model, step, ...), which
 identifies it as ours: `Export` replaces such a directory (or an empty or
 missing one) but refuses any other non-empty directory unless
-`overwrite`, and never the working, home or root directory or one that
-holds the logdir. Locally the SavedModel is built in a fresh temporary
+`overwrite`, and never the working, home or root directory, one that
+holds the logdir, or a non-export directory inside the logdir (its
+checkpoints in train/, eval and decode outputs), whatever `overwrite`. Locally the SavedModel is built in a fresh temporary
 sibling (tempfile.mkdtemp) and renamed into place; a replaced directory
 is first moved into another fresh sibling, deleted only once the new
 export is in place.
@@ -44,7 +45,9 @@ def _Contains(parent, child):
 
 def _CheckProtected(flag_value, path, logdir):
   """ExportDirError if replacing `path` would delete a directory we must
-  keep: root, the working or home directory, the logdir, or an ancestor."""
+  keep: root, the working or home directory, the logdir, an ancestor, or
+  a non-empty directory inside the logdir that is not an export. Paths are
+  compared after resolving `..` and symbolic links."""
   real = os.path.realpath(path)
   kept = [('the root directory', os.path.realpath(os.sep)),
           ('the working directory', os.path.realpath(os.getcwd())),
@@ -60,6 +63,15 @@ def _CheckProtected(flag_value, path, logdir):
       raise ExportDirError(f'--export_dir {flag_value} would delete {what} '
                            f'{kept_path} inside it; pass a new or empty '
                            'directory')
+  # Inside the logdir only our own exports are replaced, even with
+  # --export_overwrite: train/ (the checkpoints), eval and decode outputs
+  # are the run's.
+  logdir_real = kept[-1][1] if kept[-1][0] == 'the logdir' else None
+  if (logdir_real and _Contains(logdir_real, real) and os.path.isdir(real)
+      and os.listdir(real) and not IsExport(real)):
+    raise ExportDirError(f'--export_dir {flag_value} would delete {real}, '
+                         'a directory of the logdir that is not a lingshard '
+                         'export; pass a new or empty directory')
 
 
 def _CheckReplaceable(flag_value, path, overwrite):
@@ -134,7 +146,8 @@ def Export(module, export_dir, overwrite=False, logdir=None, metadata=None):
     export_dir: destination; `~` is expanded. Missing, empty or a previous
       export (IsExport): replaced; any other directory: ExportDirError
       unless `overwrite`. Never the root, working or home directory, the
-      logdir or a directory containing one of them.
+      logdir or a directory containing one of them, nor a non-empty
+      directory inside the logdir that is not an export.
     overwrite: replace a non-empty directory that is not an export.
     logdir: the run's logdir (kept, see above).
     metadata: JSON-able dict written to MARKER (e.g. model, step).
