@@ -45,6 +45,7 @@ from lingshard import model_registry
 from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
 from lingshard.layers import pipeline
+from lingshard.train import atomic
 from lingshard.train import checkpointer
 from lingshard.train import decode_loop
 from lingshard.train import eval_loop
@@ -222,12 +223,17 @@ def _EvalHook(cfg, dataset, evaluator, theta_fn, printer):
 
   def Hook(step):
     result = evaluator.Evaluate(theta_fn(), step)
-    if not writers:
-      writers.append(summaries.SummaryWriter(out_dir))
-    writer = writers[0]
-    writer.Write(step, {}, eval_loop.Scalars(result))
-    writer.Flush()
-    eval_loop.WriteJson(out_dir, result)
+    try:
+      if not writers:
+        writers.append(summaries.SummaryWriter(out_dir))
+      writer = writers[0]
+      writer.Write(step, {}, eval_loop.Scalars(result))
+      writer.Flush()
+      eval_loop.WriteJson(out_dir, result)
+    except atomic.ERRORS as e:
+      raise ConfigError(f'--logdir {cfg.logdir}: cannot write {out_dir}: '
+                        f'{atomic.Reason(e)}; free space or choose another '
+                        '--logdir') from None
     metrics = ' '.join(f'{k} {v:.6f}' for k, v in result['metrics'].items())
     printer(f'eval {dataset} step {step}: {metrics}')
     return result
@@ -289,7 +295,12 @@ def RunDecode(cfg, params, printer):
       dev.task.train.eval_num_batches)
   out_dir = os.path.join(
       cfg.logdir, f'decode_{input_generator.SplitName(cfg.eval_dataset)}')
-  scores, report = decoder.Finalize(records, out_dir, step)
+  try:
+    scores, report = decoder.Finalize(records, out_dir, step)
+  except atomic.ERRORS as e:
+    raise ConfigError(f'--logdir {cfg.logdir}: cannot write {out_dir}: '
+                      f'{atomic.Reason(e)}; it was left as it was: free space '
+                      'or choose another --logdir') from None
   printer(report)
   return scores
 

@@ -144,13 +144,16 @@ def ReadTsv(path, allow_empty=False):
   if not os.path.isfile(path):
     raise MissingFileError('corpus file', path)
   rows = []
-  with open(path, encoding='utf-8', newline='\n') as f:
-    lineno = 0
-    try:
-      for lineno, line in enumerate(f, start=1):
-        rows.append(_ParseLine(line, path, lineno))
-    except UnicodeDecodeError as e:
-      raise CorpusError(f'{path}:{lineno + 1}: not UTF-8: {e}') from e
+  # Bytes, decoded line by line: a text-mode file decodes 8 KiB chunks
+  # ahead of the line being parsed, so a bad byte would be blamed on an
+  # earlier line.
+  with open(path, 'rb') as f:
+    for lineno, raw in enumerate(f, start=1):
+      try:
+        line = raw.decode('utf-8')
+      except UnicodeDecodeError as e:
+        raise CorpusError(f'{path}:{lineno}: not UTF-8: {e}') from None
+      rows.append(_ParseLine(line, path, lineno))
   if not rows and not allow_empty:
     raise CorpusError(f'corpus file is empty: {path}')
   return rows

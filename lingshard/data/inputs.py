@@ -45,7 +45,6 @@ import hashlib
 import os
 
 from absl import logging
-import sentencepiece as spm
 import tensorflow as tf
 import tensorflow_text as tf_text
 
@@ -163,20 +162,22 @@ class MtInput(base_input.BaseInputGenerator):
       tgt_tok (in-graph tensorflow_text tokenizers).
 
     Raises:
-      corpus_io.CorpusError: a vocabulary is not set or its file is missing.
+      corpus_io.CorpusError: a vocabulary is not set, its file is missing
+        or is not a SentencePiece model.
     """
     if self._vocabs is None:
       p = self.params
       src_model = _ReadModel(p.src_vocab, 'src_vocab')
       tgt_model = _ReadModel(p.tgt_vocab, 'tgt_vocab')
+      src_sp = vocab.LoadModel(src_model, 'src_vocab', p.src_vocab)
+      tgt_sp = vocab.LoadModel(tgt_model, 'tgt_vocab', p.tgt_vocab)
       # Eagerly, even when first called while tf.data traces a map
       # function: a tokenizer made inside that trace holds a graph tensor,
       # and the next GetDataset (train_and_eval's second evaluation)
       # could not capture it.
       with tf.init_scope():
         self._vocabs = NestedMap(
-            src_sp=spm.SentencePieceProcessor(model_proto=src_model),
-            tgt_sp=spm.SentencePieceProcessor(model_proto=tgt_model),
+            src_sp=src_sp, tgt_sp=tgt_sp,
             src_tok=tf_text.SentencepieceTokenizer(src_model,
                                                    out_type=tf.int32),
             tgt_tok=tf_text.SentencepieceTokenizer(tgt_model,

@@ -36,6 +36,11 @@ are lower-cased runs of letters (with an apostrophe part), numbers, or
 single punctuation marks; a sentence is kept with 3..60 words of which at
 least 70% are alphabetic and none longer than 30 characters.
 
+A .py file that is not a regular file (a FIFO or device: never opened),
+is over lm_sources.MAX_SOURCE_BYTES, unreadable, not UTF-8, or beyond the
+parser's limits (RecursionError / MemoryError from `ast`) is skipped; the
+count is printed and recorded in manifest.json (`skipped_files`, when > 0).
+
 Output (built in a temporary directory beside --out, renamed into place):
 train.txt, dev.txt, test.txt (one sentence per line, words joined by
 single spaces), vocab.txt (one word per line; line i is id i: <pad>, <s>,
@@ -203,26 +208,31 @@ def SplitOf(module):
 
 def _Collect(modules, strip_markup=False):
   """Deduplicated sentences of (module key, bytes or None if unreadable,
-  source) triples, in order.
+  source) triples, in order. A module that is unreadable (None), not
+  UTF-8, or beyond the parser's limits (a RecursionError or MemoryError
+  from `ast`: e.g. a 100k-term sum, 100k nested unary minuses) is skipped
+  and counted.
 
   Returns:
     {split: [sentence text]}, {split: modules with a kept sentence},
-    {source: [modules read, sentences, words]}.
+    {source: [modules read, sentences, words]}, modules skipped.
   """
   seen, data = set(), {s: [] for s in SPLITS}
   counts = {s: 0 for s in SPLITS}
   per_source = collections.defaultdict(lambda: [0, 0, 0])
+  skipped = 0
   for module, raw, source in modules:
     try:
-      text = raw.decode('utf-8') if raw is not None else None
-    except UnicodeDecodeError:
-      text = None
-    if text is None:
+      blocks = ProseBlocks(raw.decode('utf-8')) if raw is not None else None
+    except (UnicodeDecodeError, RecursionError, MemoryError):
+      blocks = None
+    if blocks is None:
+      skipped += 1
       continue
     split = SplitOf(module)
     kept, tally = 0, per_source[source]
     tally[0] += 1
-    for block in ProseBlocks(text):
+    for block in blocks:
       for words in Sentences(StripMarkup(block) if strip_markup else block):
         line = ' '.join(words)
         if line not in seen:
@@ -232,11 +242,12 @@ def _Collect(modules, strip_markup=False):
           tally[1] += 1
           tally[2] += len(words)
     counts[split] += bool(kept)
-  return data, counts, per_source
+  return data, counts, per_source, skipped
 
 
-def _Vocabulary(data, vocab_size, modules):
-  """Vocabulary words and the stats shared by both builds."""
+def _Vocabulary(data, vocab_size, modules, skipped):
+  """Vocabulary words and the stats shared by both builds (`skipped_files`
+  only when some were: earlier outputs stay byte-identical)."""
   counts = collections.Counter(w for ln in data['train'] for w in ln.split())
   words = [w for w, _ in sorted(counts.items(),
                                 key=lambda kv: (-kv[1], kv[0]))][:vocab_size]
@@ -250,6 +261,8 @@ def _Vocabulary(data, vocab_size, modules):
       splits={s: dict(sentences=len(data[s]), modules=modules[s],
                       words=sum(len(ln.split()) for ln in data[s]))
               for s in SPLITS})
+  if skipped:
+    stats['skipped_files'] = skipped
   return words, stats
 
 
@@ -271,12 +284,13 @@ def _SourceModules(sources, max_modules):
 def Build(root, vocab_size, max_modules=0):
   """{split: [sentence text]}, vocabulary words, stats of the .py files
   under root (module paths relative to root)."""
-  data, modules, _ = _Collect((m, _Read(None, os.path.join(root, m)), '')
-                              for m in Modules(root, max_modules))
+  data, modules, _, skipped = _Collect(
+      (m, _Read(None, os.path.join(root, m)), '')
+      for m in Modules(root, max_modules))
   if not data['train']:
     raise LmCorpusError(f'--source_root {root}: no English prose found in '
                         'its .py files; pass a directory of Python sources')
-  words, stats = _Vocabulary(data, vocab_size, modules)
+  words, stats = _Vocabulary(data, vocab_size, modules, skipped)
   stats['source_root'] = root
   return data, words, stats
 
@@ -284,12 +298,12 @@ def Build(root, vocab_size, max_modules=0):
 def BuildSources(sources, vocab_size, max_modules=0):
   """Build over verified lm_sources.Sources (module key `<name>/<path>`,
   docstring markup stripped); stats list each source and its words."""
-  data, modules, per_source = _Collect(_SourceModules(sources, max_modules),
-                                       strip_markup=True)
+  data, modules, per_source, skipped = _Collect(
+      _SourceModules(sources, max_modules), strip_markup=True)
   if not data['train']:
     raise LmCorpusError('--sources ' + ','.join(s.pin.name for s in sources) +
                         ': no English prose found in their .py files')
-  words, stats = _Vocabulary(data, vocab_size, modules)
+  words, stats = _Vocabulary(data, vocab_size, modules, skipped)
   stats['markup'] = 'stripped'
   stats['sources'] = [
       dict(zip(('modules', 'sentences', 'words'), per_source[s.pin.name]),
@@ -383,6 +397,10 @@ def main(argv):
   for split, s in stats['splits'].items():
     print(f'{split:5s} {s["sentences"]:7,d} sentences {s["words"]:9,d} words '
           f'{s["modules"]:5,d} modules')
+  if stats.get('skipped_files'):
+    print(f'skipped {stats["skipped_files"]:,d} .py files: not regular '
+          f'files, over {lm_sources.MAX_SOURCE_BYTES:,d} bytes, unreadable, '
+          "not UTF-8 or beyond the parser's limits")
   print(f'vocab {stats["vocab_size"]:,d} words; dev OOV rate '
         f'{stats["dev_oov_rate"]:.2%}; wrote {FLAGS.out}'
         + (f' in {time.monotonic() - start:.0f}s' if sources else ''))

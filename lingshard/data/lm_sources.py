@@ -20,7 +20,10 @@ trees (`_vendor`, `vendor`, `extern`, ...), `*_test.py`, conftest.py,
 protobuf `*_pb2.py`, generated schema migrations (`migrations/0001_*.py`,
 Alembic's `migrations/versions/`) and locale data (`locale/<lang>/*.py`).
 Generated API re-export `__init__.py` files (a "MACHINE GENERATED" / "DO
-NOT EDIT" header) are read for the fingerprint but give no prose.
+NOT EDIT" header) are read for the fingerprint but give no prose. Only
+regular files are opened (a FIFO or device named `x.py` is never opened:
+it could block forever), and files over MAX_SOURCE_BYTES are not read
+(ReadFile raises OSError: lm_prepare skips and counts them).
 
 Fingerprint: sha256 of the lines `<relative path>\\t<file sha256>\\n` of the
 files read, sorted by path (paths relative to site-packages, or to the
@@ -38,6 +41,7 @@ import importlib.metadata
 import os
 import platform
 import re
+import stat
 import sys
 import sysconfig
 import zipfile
@@ -194,6 +198,11 @@ _PIN_HINT = ('or re-pin (python -m lingshard.data.lm_sources) in '
              'lingshard/data/lm_sources.py')
 
 
+# Far above every pinned source file (the largest, jaxlib's generated
+# _llvm_ops_gen.py, is 0.9 MB); bounds what one file can cost the parser.
+MAX_SOURCE_BYTES = 4 << 20
+
+
 class SourceError(ValueError):
   """A pinned source that is missing or differs from its pin (one line)."""
 
@@ -254,10 +263,26 @@ def IsPackageModule(path):
           name != 'conftest.py')
 
 
+def OpenRegular(path):
+  """`path` open for binary reading; OSError unless it is a regular file
+  (checked by stat before opening and by fstat after, so a FIFO or device
+  is never read and a file swapped for one in between is refused)."""
+  if not stat.S_ISREG(os.stat(path).st_mode):
+    raise OSError(f'{path}: not a regular file')
+  fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0))
+  try:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+      raise OSError(f'{path}: not a regular file')
+    return os.fdopen(fd, 'rb')
+  except BaseException:
+    os.close(fd)
+    raise
+
+
 def _Sha256(path):
   digest = hashlib.sha256()
   try:
-    with open(path, 'rb') as f:
+    with OpenRegular(path) as f:
       for chunk in iter(lambda: f.read(1 << 20), b''):
         digest.update(chunk)
   except OSError:
@@ -272,7 +297,7 @@ def IsGenerated(path, head=None):
     return False
   try:
     if head is None:
-      with open(path, 'rb') as f:
+      with OpenRegular(path) as f:
         head = f.read(1000)
   except OSError:
     return False
@@ -432,13 +457,23 @@ def Opened(source):
 
 def ReadFile(archive, file):
   """A source file's bytes: a path, a member of the (Opened) archive, read
-  in memory, never extracted, or the bytes themselves."""
+  in memory, never extracted, or the bytes themselves.
+
+  Raises:
+    OSError: the file is not a regular file (OpenRegular), is larger than
+      MAX_SOURCE_BYTES or cannot be read.
+  """
   if isinstance(file, bytes):
     return file
   if archive is not None:
+    if archive.getinfo(file).file_size > MAX_SOURCE_BYTES:
+      raise OSError(f'{file}: larger than {MAX_SOURCE_BYTES} bytes')
     return archive.read(file)
-  with open(file, 'rb') as f:
-    return f.read()
+  with OpenRegular(file) as f:
+    data = f.read(MAX_SOURCE_BYTES + 1)
+  if len(data) > MAX_SOURCE_BYTES:
+    raise OSError(f'{file}: larger than {MAX_SOURCE_BYTES} bytes')
+  return data
 
 
 def CurrentPins(names, site_packages=None, stdlib_root=None):

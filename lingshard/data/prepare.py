@@ -5,8 +5,11 @@
 Downloads the pinned wheels (see wheels.PINS) into a cache unless already
 there, reads every gettext catalog with polib, cleans and de-duplicates the
 pairs, makes the train / held-out splits, writes the TSV files and trains
-the SentencePiece vocabularies. Output layout (all byte-for-byte
-reproducible from the same pins and flags):
+the SentencePiece vocabularies. DIR must be new or empty (as for
+lm_prepare: a user's files are never replaced); the output is built in a
+temporary directory beside it and renamed into place, so a failure leaves
+DIR as it was. Output layout (all byte-for-byte reproducible from the same
+pins and flags):
 
   DIR/train.tsv, dev_unseen_en.tsv, test_unseen_en.tsv, dev_seen_en.tsv,
       test_seen_en.tsv      lang<TAB>source<TAB>target, sorted
@@ -28,7 +31,9 @@ import argparse
 import collections
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 from lingshard.data import corpus_io
@@ -81,6 +86,50 @@ def _WriteAttribution(out_dir, sources, licence_files):
        for src, files in zip(sources, licence_files)])
 
 
+def CheckOut(out_dir):
+  """CorpusError (one line) unless `out_dir` is missing or an empty
+  directory: prepare never replaces what is there."""
+  if not os.path.lexists(out_dir):
+    return
+  if not os.path.isdir(out_dir):
+    raise corpus_io.CorpusError(f'--out {out_dir} exists and is not a '
+                                'directory; pass a new or empty directory')
+  if os.listdir(out_dir):
+    raise corpus_io.CorpusError(f'--out {out_dir} exists and is not empty; '
+                                'pass a new or empty directory')
+
+
+def _BuildBeside(out_dir, build):
+  """Runs build(tmp) in a fresh directory beside `out_dir`, then renames it
+  to `out_dir` (missing or empty, CheckOut); on any failure deletes only
+  that directory (made here by mkdtemp) and `out_dir` stays as it was.
+
+  Raises:
+    corpus_io.CorpusError: (one line) the file system refused a write.
+  """
+  given, out_dir = out_dir, os.path.abspath(out_dir)
+  tmp = None
+  try:
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix='.prepare_', dir=parent)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0o700.
+    result = build(tmp)
+    if os.path.isdir(out_dir):
+      os.rmdir(out_dir)  # Empty (CheckOut); fails if it no longer is.
+    os.rename(tmp, out_dir)
+    return result
+  except OSError as e:
+    raise corpus_io.CorpusError(
+        f'cannot write --out {given}: {e.strerror or e}; nothing was '
+        'written there') from None
+  finally:
+    if tmp is not None and os.path.isdir(tmp):
+      shutil.rmtree(tmp, ignore_errors=True)  # Made by mkdtemp above.
+
+
 def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
             seen_fracs=(0.015, 0.015), salt='lingshard-splits-v1',
             vocab_kwargs=None, read_mo=False, canonical_langs=False):
@@ -88,7 +137,8 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
 
   Args:
     wheel_paths: wheel (zip) files to read, in a fixed order.
-    out_dir: output directory (created; existing files are overwritten).
+    out_dir: output directory: missing or empty (CheckOut); built beside
+      it and renamed into place.
     max_chars: drop pairs with a side longer than this many characters.
     unseen_fracs, seen_fracs, salt: see splits.SplitPairs.
     vocab_kwargs: None to skip vocabularies, else kwargs for
@@ -100,10 +150,12 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
     the manifest dict (also written to out_dir/manifest.json).
 
   Raises:
-    corpus_io.CorpusError: if a wheel or one of its members cannot be read
-      (po_extract; checked before anything is written), or no pair survives
-      extraction.
+    corpus_io.CorpusError: if `out_dir` is not new or empty, a wheel or
+      one of its members cannot be read (po_extract; checked before
+      anything is written), no pair survives extraction, or a write fails
+      (nothing is left at `out_dir` then).
   """
+  CheckOut(out_dir)
   # Metadata first: a bad wheel fails before any output is written.
   sources, licence_files = [], []
   for path in wheel_paths:
@@ -112,7 +164,15 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
                     'version': version, 'licence': licence,
                     'sha256': wheels.Sha256(path)})
     licence_files.append(files)
-  os.makedirs(out_dir, exist_ok=True)
+  return _BuildBeside(out_dir, lambda tmp: _Write(
+      wheel_paths, tmp, sources, licence_files, max_chars, unseen_fracs,
+      seen_fracs, salt, vocab_kwargs, read_mo, canonical_langs))
+
+
+def _Write(wheel_paths, out_dir, sources, licence_files, max_chars,
+           unseen_fracs, seen_fracs, salt, vocab_kwargs, read_mo,
+           canonical_langs):
+  """Prepare's extraction, splits and files, written into `out_dir`."""
   raw_pairs, extract_counts = ExtractAll(wheel_paths, max_chars, read_mo,
                                          canonical_langs)
   unique = sorted(set(raw_pairs))

@@ -107,6 +107,25 @@ def TrainModel(sentences, options, seed=DEFAULT_SEED):
   return writer.getvalue()
 
 
+def LoadModel(model_bytes, what, path):
+  """A SentencePieceProcessor of `model_bytes` read from `path`.
+
+  Raises:
+    corpus_io.CorpusError: (one line naming `what` and `path`) the bytes
+      are not a SentencePiece model (SentencePiece raises a RuntimeError
+      naming its own source line, or accepts empty bytes as no model).
+  """
+  try:
+    proc = spm.SentencePieceProcessor(model_proto=model_bytes)
+  except RuntimeError:
+    proc = None
+  if proc is None or not model_bytes:
+    raise corpus_io.CorpusError(
+        f'{what} {path} is not a SentencePiece model; set it to a '
+        f'{VOCAB_DIR}/spm_*.model file written by prepare')
+  return proc
+
+
 def _WriteModel(model_bytes, path):
   with open(path, 'wb') as f:
     f.write(model_bytes)

@@ -28,12 +28,13 @@ import os
 
 import numpy as np
 import sacrebleu
-import sentencepiece as spm
 import tensorflow as tf
 
 from lingshard import base_input
 from lingshard import sharding
 from lingshard.data import corpus_io
+from lingshard.data import vocab
+from lingshard.train import atomic
 from lingshard.train import decode_loop
 
 Record = collections.namedtuple('Record',
@@ -52,7 +53,8 @@ class Detokenizer:
   def __init__(self, model_file):
     if isinstance(model_file, str) and not os.path.isfile(model_file):
       raise corpus_io.MissingFileError('vocabulary', model_file)
-    self._sp = spm.SentencePieceProcessor(model_file=model_file)
+    with open(model_file, 'rb') as f:
+      self._sp = vocab.LoadModel(f.read(), 'vocabulary', model_file)
     self._eos = self._sp.eos_id()
     self._drop = {i for i in (self._sp.pad_id(), self._sp.bos_id()) if i >= 0}
     self._size = self._sp.get_piece_size()
@@ -250,9 +252,14 @@ def FormatExamples(records, n=5):
 def WriteOutputs(out_dir, records, scores, step=None):
   """`<lang>.{src,hyp,ref}.txt` (line-aligned), scores.json, scores.txt.
 
+  The directory is built beside `out_dir` and replaces it whole
+  (atomic.ReplaceDir: a previous decode's files, of languages no longer
+  decoded too, are gone; a failed write leaves `out_dir` as it was).
+
   Raises:
     base_input.InputError: a language is not corpus_io.IsSafeName (the
       file would be named outside `out_dir`); nothing is written then.
+    atomic.ERRORS: the file system refused a write (e.g. a full disk).
   """
   by_lang = collections.defaultdict(list)
   for r in records:
@@ -262,18 +269,21 @@ def WriteOutputs(out_dir, records, scores, step=None):
       raise base_input.InputError(
           f'cannot write decode output for language {lang!r} in {out_dir}: '
           f'language codes must use {corpus_io.SAFE_NAME_RULE}')
-  tf.io.gfile.makedirs(out_dir)
-  for lang, rs in sorted(by_lang.items()):
-    for field, ext in (('source', 'src'), ('hypothesis', 'hyp'),
-                       ('reference', 'ref')):
-      path = os.path.join(out_dir, f'{lang}.{ext}.txt')
-      with tf.io.gfile.GFile(path, 'w') as f:
-        f.write(''.join(getattr(r, field).replace('\n', ' ') + '\n'
-                        for r in rs))
-  with tf.io.gfile.GFile(os.path.join(out_dir, 'scores.json'), 'w') as f:
-    f.write(json.dumps(dict(scores, step=step), indent=1, sort_keys=True))
-  with tf.io.gfile.GFile(os.path.join(out_dir, 'scores.txt'), 'w') as f:
-    f.write(FormatScores(scores))
+
+  def Build(directory):
+    for lang, rs in sorted(by_lang.items()):
+      for field, ext in (('source', 'src'), ('hypothesis', 'hyp'),
+                         ('reference', 'ref')):
+        path = os.path.join(directory, f'{lang}.{ext}.txt')
+        with tf.io.gfile.GFile(path, 'w') as f:
+          f.write(''.join(getattr(r, field).replace('\n', ' ') + '\n'
+                          for r in rs))
+    with tf.io.gfile.GFile(os.path.join(directory, 'scores.json'), 'w') as f:
+      f.write(json.dumps(dict(scores, step=step), indent=1, sort_keys=True))
+    with tf.io.gfile.GFile(os.path.join(directory, 'scores.txt'), 'w') as f:
+      f.write(FormatScores(scores))
+
+  atomic.ReplaceDir(out_dir, Build, tag='decode')
 
 
 def ForTask(task, input_generator, train_input_generator=None):

@@ -24,6 +24,7 @@ import tensorflow as tf
 
 from lingshard import base_input
 from lingshard import sharding
+from lingshard.train import atomic
 from lingshard.nested_map import NestedMap
 
 ALL = 'all'
@@ -119,9 +120,10 @@ def Scalars(result):
 
 def WriteJson(directory, result):
   """Writes `result` to `<directory>/metrics-<step>.json` (one file per
-  evaluation: object stores such as GCS cannot append)."""
+  evaluation: object stores such as GCS cannot append), through a
+  temporary sibling (atomic.WriteText): a failed write leaves no file or
+  the previous one. Raises atomic.ERRORS."""
   tf.io.gfile.makedirs(directory)
   path = os.path.join(directory, f'metrics-{result["step"]:08d}.json')
-  with tf.io.gfile.GFile(path, 'w') as f:
-    f.write(json.dumps(result, indent=1, sort_keys=True) + '\n')
+  atomic.WriteText(path, json.dumps(result, indent=1, sort_keys=True) + '\n')
   return path

@@ -8,19 +8,22 @@ The task builds the module (`BaseTask.CreateExportModule`, e.g.
 The export directory also holds MARKER (JSON: model, step, ...), which
 identifies it as ours: `Export` replaces such a directory (or an empty or
 missing one) but refuses any other non-empty directory unless
-`overwrite`, and never the working, home or root directory or one that
-holds the logdir. Locally the SavedModel is built in a fresh temporary
-sibling (tempfile.mkdtemp) and renamed into place; a replaced directory
-is first moved into another fresh sibling, deleted only once the new
-export is in place.
+`overwrite`, and never the working, home or root directory, one that
+holds the logdir, or a non-export directory inside the logdir (its
+checkpoints in train/, eval and decode outputs), whatever `overwrite`.
+Locally the SavedModel is built in a fresh temporary sibling and renamed
+into place; a replaced directory is first moved into another fresh
+sibling, deleted only once the new export is in place (atomic.ReplaceDir).
+A failed write (a full disk) is one line, ExportWriteError, and leaves
+the directory as it was.
 """
 
 import json
 import os
-import shutil
-import tempfile
 
 import tensorflow as tf
+
+from lingshard.train import atomic
 
 MARKER = 'lingshard_export.json'
 SAVED_MODEL = 'saved_model.pb'
@@ -44,7 +47,9 @@ def _Contains(parent, child):
 
 def _CheckProtected(flag_value, path, logdir):
   """ExportDirError if replacing `path` would delete a directory we must
-  keep: root, the working or home directory, the logdir, or an ancestor."""
+  keep: root, the working or home directory, the logdir, an ancestor, or
+  a non-empty directory inside the logdir that is not an export. Paths are
+  compared after resolving `..` and symbolic links."""
   real = os.path.realpath(path)
   kept = [('the root directory', os.path.realpath(os.sep)),
           ('the working directory', os.path.realpath(os.getcwd())),
@@ -60,6 +65,15 @@ def _CheckProtected(flag_value, path, logdir):
       raise ExportDirError(f'--export_dir {flag_value} would delete {what} '
                            f'{kept_path} inside it; pass a new or empty '
                            'directory')
+  # Inside the logdir only our own exports are replaced, even with
+  # --export_overwrite: train/ (the checkpoints), eval and decode outputs
+  # are the run's.
+  logdir_real = kept[-1][1] if kept[-1][0] == 'the logdir' else None
+  if (logdir_real and _Contains(logdir_real, real) and os.path.isdir(real)
+      and os.listdir(real) and not IsExport(real)):
+    raise ExportDirError(f'--export_dir {flag_value} would delete {real}, '
+                         'a directory of the logdir that is not a lingshard '
+                         'export; pass a new or empty directory')
 
 
 def _CheckReplaceable(flag_value, path, overwrite):
@@ -88,41 +102,14 @@ def CheckExportDir(export_dir, overwrite=False, logdir=None):
   return path
 
 
-def _Save(module, directory, metadata):
-  tf.saved_model.save(module, directory, signatures=module.Signatures())
+class ExportWriteError(ExportDirError):
+  """The file system refused the export (full disk, read-only, ...)."""
+
+
+def _Save(module, signatures, directory, metadata):
+  tf.saved_model.save(module, directory, signatures=signatures)
   with tf.io.gfile.GFile(os.path.join(directory, MARKER), 'w') as f:
     f.write(json.dumps(dict(metadata or {}), sort_keys=True) + '\n')
-
-
-def _SaveLocal(module, export_dir, metadata):
-  """Builds in a fresh sibling, then renames it into place (see module doc).
-
-  Only directories made here by tempfile.mkdtemp are deleted: the build
-  directory if saving fails, and the one the replaced `export_dir` was
-  moved into, once the new export is in place.
-  """
-  parent, name = os.path.split(os.path.abspath(export_dir))
-  os.makedirs(parent, exist_ok=True)
-  build = tempfile.mkdtemp(dir=parent, prefix=f'.{name}.export-')
-  try:
-    _Save(module, build, metadata)
-  except BaseException:
-    shutil.rmtree(build, ignore_errors=True)  # Made by mkdtemp above.
-    raise
-  os.chmod(build, 0o755)  # mkdtemp makes it 0o700.
-  if not os.path.lexists(export_dir):
-    os.rename(build, export_dir)
-    return
-  aside = tempfile.mkdtemp(dir=parent, prefix=f'.{name}.replaced-')
-  os.rename(export_dir, os.path.join(aside, name))
-  try:
-    os.rename(build, export_dir)
-  except BaseException:
-    os.rename(os.path.join(aside, name), export_dir)
-    os.rmdir(aside)
-    shutil.rmtree(build, ignore_errors=True)  # Made by mkdtemp above.
-    raise
-  shutil.rmtree(aside)  # Made by mkdtemp above; holds the replaced copy.
 
 
 def Export(module, export_dir, overwrite=False, logdir=None, metadata=None):
@@ -134,20 +121,32 @@ def Export(module, export_dir, overwrite=False, logdir=None, metadata=None):
     export_dir: destination; `~` is expanded. Missing, empty or a previous
       export (IsExport): replaced; any other directory: ExportDirError
       unless `overwrite`. Never the root, working or home directory, the
-      logdir or a directory containing one of them.
+      logdir or a directory containing one of them, nor a non-empty
+      directory inside the logdir that is not an export.
     overwrite: replace a non-empty directory that is not an export.
     logdir: the run's logdir (kept, see above).
     metadata: JSON-able dict written to MARKER (e.g. model, step).
 
-  Locally the export is built in a temporary sibling and renamed, so a
-  crash never leaves a half-written export at `export_dir`; object stores
-  such as GCS have no directory rename: there it is written in place.
+  Locally the export is built in a temporary sibling and renamed
+  (atomic.ReplaceDir), so a crash never leaves a half-written export at
+  `export_dir`; object stores such as GCS have no directory rename: there
+  it is written in place.
+
+  Raises:
+    ExportDirError: `export_dir` must not be replaced (nothing written);
+      ExportWriteError (a subclass, one line) if writing failed, e.g. on
+      a full disk (`export_dir` is left as it was).
   """
   export_dir = CheckExportDir(export_dir, overwrite, logdir)
-  if '://' in export_dir:
-    _Save(module, export_dir, metadata)
-  else:
-    _SaveLocal(module, export_dir, metadata)
+  signatures = module.Signatures()  # Traced before anything is written.
+  try:
+    atomic.ReplaceDir(export_dir, lambda d: _Save(module, signatures, d,
+                                                  metadata), tag='export')
+  except atomic.ERRORS as e:
+    raise ExportWriteError(
+        f'cannot write the export to {export_dir}: {atomic.Reason(e)}; '
+        'nothing was changed there: free space or pass another '
+        '--export_dir') from None
   return export_dir
 
 

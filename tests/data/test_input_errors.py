@@ -118,3 +118,39 @@ def test_too_long_examples_are_counted_and_logged(prepared_dir, tmp_path,
           'bound 8 and are dropped') in caplog.messages
   for batch in dataset.take(3):
     assert tuple(batch.src.ids.shape) in ((4, 4), (2, 8))
+
+
+@pytest.mark.parametrize('side', ['src_vocab', 'tgt_vocab'])
+@pytest.mark.parametrize('content', [b'not a model\n', b''])
+def test_vocabulary_that_is_not_sentencepiece_names_file(
+    prepared_dir, tmp_path, side, content):
+  """SentencePiece raises a RuntimeError naming its own C++ line (or takes
+  empty bytes as no model); the input says which file is wrong."""
+  bad = tmp_path / 'notes.model'
+  bad.write_bytes(content)
+  p = inputs.MtInput.ParamsForCorpus(prepared_dir)
+  p.Set(**{side: str(bad)})
+  with pytest.raises(base_input.InputError) as e:
+    p.Instantiate().GetDataset()
+  assert str(e.value) == (
+      f'{side} {bad} is not a SentencePiece model; set it to a '
+      'vocab/spm_*.model file written by prepare')
+  with pytest.raises(corpus_io.CorpusError) as e:
+    mt_decoder.Detokenizer(str(bad))
+  assert str(e.value) == (
+      f'vocabulary {bad} is not a SentencePiece model; set it to a '
+      'vocab/spm_*.model file written by prepare')
+
+
+def test_invalid_utf8_names_its_line(tmp_path):
+  """Line 101 of 150 (past the 8 KiB a text-mode reader decodes ahead)."""
+  rows = [f'de\tZeile {i} {"x" * 100}\tline {i}\n'.encode() for i in
+          range(1, 151)]
+  rows[100] = b'de\tZeile \xff kaputt\tline 101\n'
+  path = tmp_path / 'train.tsv'
+  path.write_bytes(b''.join(rows))
+  with pytest.raises(corpus_io.CorpusError) as e:
+    corpus_io.ReadTsv(str(path))
+  assert str(e.value) == (
+      f"{path}:101: not UTF-8: 'utf-8' codec can't decode byte 0xff in "
+      'position 9: invalid start byte')

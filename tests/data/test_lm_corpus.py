@@ -72,6 +72,45 @@ def test_sentences_split_dedup_and_byte_identical_rerun(tmp_path):
     lm_prepare.Write(str(a), data, words, stats)
 
 
+def test_source_root_skips_and_counts_files_no_parser_survives(
+    tmp_path, monkeypatch, capsys):
+  """A 100k-term sum (RecursionError in ast), 100k nested minuses
+  (MemoryError), a FIFO named b.py (opening it would block forever), a
+  file over MAX_SOURCE_BYTES and one not UTF-8: skipped, counted in the
+  report and manifest, the corpus that of the other modules."""
+  clean = lm_prepare.Build(_Root(tmp_path / 'clean'), vocab_size=50)
+  root = _Root(tmp_path)
+  bad = os.path.join(root, 'pkg0')
+  with open(os.path.join(bad, 'sum.py'), 'w') as f:
+    f.write('"""A module docstring of real prose here."""\nx = ' +
+            '+'.join(['1'] * 100000) + '\n')
+  with open(os.path.join(bad, 'neg.py'), 'w') as f:
+    f.write('"""Another docstring of real prose here."""\nx = ' +
+            '-' * 100000 + '1\n')
+  os.mkfifo(os.path.join(bad, 'b.py'))
+  with open(os.path.join(bad, 'big.py'), 'w') as f:
+    f.write('"""' + 'The big module is full of prose. ' *
+            (lm_sources.MAX_SOURCE_BYTES // 30) + '"""\n')
+  with open(os.path.join(bad, 'latin.py'), 'wb') as f:
+    f.write(b'"""Ein M\xfcll module docstring here."""\n')
+  data, words, stats = lm_prepare.Build(root, vocab_size=50)
+  assert stats.pop('skipped_files') == 5
+  stats['source_root'] = clean[2]['source_root']
+  assert (data, words, stats) == clean
+  out = tmp_path / 'out'
+  try:
+    lm_prepare.FLAGS(['lm_prepare', f'--source_root={root}', f'--out={out}',
+                      '--vocab_size=50'])
+    lm_prepare.main(['lm_prepare'])
+  finally:
+    lm_prepare.FLAGS.unparse_flags()
+  assert 'skipped 5 .py files: not regular files, over 4,194,304 bytes, ' \
+      "unreadable, not UTF-8 or beyond the parser's limits\n" in (
+          capsys.readouterr().out)
+  assert json.loads((out / 'manifest.json').read_text())[
+      'skipped_files'] == 5
+
+
 def test_input_batches_equal_a_python_tokenisation(tmp_path):
   root = _Root(tmp_path)
   data, words, stats = lm_prepare.Build(root, vocab_size=20)

@@ -2,6 +2,8 @@
 catalogs are parsed from their bytes only."""
 
 import collections
+import errno
+import os
 import re
 import zipfile
 
@@ -97,3 +99,59 @@ def test_catalog_whose_content_is_a_local_path_is_never_read(tmp_path,
   assert str(e.value) == message
   assert _MainError(wheel, tmp_path, capsys) == (1, f'error: {message}\n')
   assert 'geheim' not in str(e.value)
+
+
+def _Tree(root):
+  return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else None
+          for p in sorted(root.rglob('*'))}
+
+
+def test_out_is_a_user_directory_or_file_or_unwritable(fixture_wheel,
+                                                       tmp_path, capsys):
+  """prepare refuses a non-empty --out as lm_prepare does (it replaced a
+  user's train.tsv), and a file or unwritable --out is one line."""
+  mine = tmp_path / 'mine'
+  mine.mkdir()
+  (mine / 'train.tsv').write_text('de\tmeine\tmine\n')
+  (tmp_path / 'file').write_text('x')
+  before = _Tree(tmp_path)
+  cases = [
+      (mine, f'--out {mine} exists and is not empty; pass a new or empty '
+       'directory'),
+      (tmp_path / 'file', f'--out {tmp_path / "file"} exists and is not a '
+       'directory; pass a new or empty directory'),
+      ('/proc/x', 'cannot write --out /proc/x: No such file or directory; '
+       'nothing was written there'),
+  ]
+  for out, message in cases:
+    with pytest.raises(corpus_io.CorpusError) as e:
+      prepare.Prepare([fixture_wheel], str(out), max_chars=150)
+    assert str(e.value) == message
+    assert prepare.main(['--wheels', fixture_wheel, '--out', str(out),
+                         '--no_vocab']) == 1
+    assert capsys.readouterr().err == f'error: {message}\n'
+  assert _Tree(tmp_path) == before
+
+
+def test_failed_write_leaves_out_as_it_was(fixture_wheel, tmp_path,
+                                           monkeypatch):
+  """A disk that fills while the TSV files are written (ENOSPC from the
+  writer): one line, the empty --out stays empty, no temporary left."""
+  out = tmp_path / 'out'
+  out.mkdir()
+  real = corpus_io.WriteTsv
+  written = []
+
+  def FullAfterOne(path, rows):
+    if written:
+      raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    written.append(path)
+    return real(path, rows)
+
+  monkeypatch.setattr(corpus_io, 'WriteTsv', FullAfterOne)
+  with pytest.raises(corpus_io.CorpusError) as e:
+    prepare.Prepare([fixture_wheel], str(out), max_chars=150)
+  assert str(e.value) == (f'cannot write --out {out}: No space left on '
+                          'device; nothing was written there')
+  assert len(written) == 1
+  assert _Tree(tmp_path) == {'out': None}

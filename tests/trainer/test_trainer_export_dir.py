@@ -137,3 +137,61 @@ def test_trainer_refuses_before_restoring(tmp_path):
     trainer.Execute(trainer_testlib.ParseFlags(*args, '--export_overwrite'),
                     printer=lambda _: None)
   assert (out / 'a.txt').read_text() == 'a'
+
+
+def _RunWithFiles(tmp_path):
+  """A logdir whose train/ and eval_dev/ hold files, and a previous export."""
+  logdir = tmp_path / 'run'
+  for name in ('train/checkpoint', 'train/ckpt-30.index',
+               'eval_dev/metrics-00000030.json'):
+    (logdir / name).parent.mkdir(parents=True, exist_ok=True)
+    (logdir / name).write_text(name)
+  old = logdir / 'export' / '00000020'
+  old.mkdir(parents=True)
+  for name in (export.MARKER, export.SAVED_MODEL):
+    (old / name).write_text('{}')
+  (tmp_path / 'link').symlink_to(logdir / 'train')
+  return logdir
+
+
+@pytest.mark.parametrize('flag, inside', [
+    ('run/train', 'run/train'),
+    ('run/eval_dev', 'run/eval_dev'),
+    ('run/export/../train', 'run/train'),
+    ('link', 'run/train'),  # A symbolic link to run/train.
+    ('run/export', 'run/export'),  # Holds an export; is not one.
+])
+def test_refuses_non_export_dirs_inside_logdir_even_with_overwrite(
+    tmp_path, monkeypatch, flag, inside):
+  logdir = _RunWithFiles(tmp_path)
+  monkeypatch.chdir(tmp_path)
+  for overwrite in (True, False):
+    with pytest.raises(export.ExportDirError) as e:
+      export.CheckExportDir(flag, overwrite, logdir='run')
+    assert str(e.value) == (
+        f'--export_dir {flag} would delete {tmp_path / inside}, a directory '
+        'of the logdir that is not a lingshard export; pass a new or empty '
+        'directory')
+  # A previous export and new or empty directories inside it are fine.
+  (logdir / 'empty').mkdir()
+  for ok in ('run/export/00000020', 'run/empty', 'run/export/00000030'):
+    assert export.CheckExportDir(ok, True, logdir='run') == ok
+  assert (logdir / 'train' / 'ckpt-30.index').read_text() == (
+      'train/ckpt-30.index')
+
+
+def test_trainer_refuses_export_over_checkpoints(tmp_path):
+  """The audit's case: --export_dir=LOGDIR/train --export_overwrite deleted
+  every checkpoint; now one line before restoring, nothing touched."""
+  logdir = _RunWithFiles(tmp_path)
+  before = sorted(str(p) for p in tmp_path.rglob('*'))
+  with pytest.raises(trainer.ConfigError) as e:
+    trainer.Execute(trainer_testlib.ParseFlags(
+        '--model=m4.TinyMoE', f'--logdir={logdir}', '--mode=export',
+        f'--export_dir={logdir}/train', '--export_overwrite'),
+                    printer=lambda _: None)
+  assert str(e.value) == (
+      f'--export_dir {logdir}/train would delete {logdir}/train, a directory '
+      'of the logdir that is not a lingshard export; pass a new or empty '
+      'directory')
+  assert sorted(str(p) for p in tmp_path.rglob('*')) == before

@@ -17,6 +17,7 @@ import sentencepiece as spm
 
 from lingshard import trainer
 from tests.trainer import trainer_testlib
+from tests.trainer.test_trainer_write_failures import FileSizeLimit
 
 SPLIT = 'dev_seen_en'
 
@@ -54,11 +55,14 @@ def test_export_translates_like_decode(prepared_dir, tmp_path, model):
           f'--params_override={overrides}']
   # (The demo's --jit training is tests/tools/test_demo_run.py's.)
   _Run(*base, '--mode=train', '--max_steps=3')
-  _Run(*base, '--mode=decode', '--eval_params_override=' + ';'.join([
+  decode = ['--mode=decode', '--eval_params_override=' + ';'.join([
       f"input.file_pattern='{prepared_dir}/{SPLIT}.tsv'",
       'input.bucket_upper_bounds=[8,16,32,64]',
-      'input.bucket_batch_limits=[5,5,5,5]']))
+      'input.bucket_batch_limits=[5,5,5,5]'])]
+  _Run(*base, *decode)
   _Run(*base, '--mode=export')
+  if model == 'm4.TinyMoE':
+    _FullDiskLeavesDecodeAndExport(base, decode, logdir)
   export_dir = os.path.join(logdir, 'export', '00000003')
   with open(os.path.join(export_dir, 'lingshard_export.json')) as f:
     assert json.load(f) == {'model': model, 'step': 3}
@@ -84,3 +88,27 @@ def test_export_translates_like_decode(prepared_dir, tmp_path, model):
   assert run.returncode == 0, run.stderr[-3000:]
   got = json.loads(run.stdout.strip().splitlines()[-1])
   assert [t.replace('\n', ' ') for t in got] == hypotheses
+
+
+def _FullDiskLeavesDecodeAndExport(base, decode, logdir):
+  """Decode (one batch) again on a full disk: one line, the previous
+  outputs kept byte for byte, no temporary (it crashed with a TF
+  traceback, leaving a partial directory). Export's full disk is
+  test_trainer_write_failures.py's (its error is an ExportDirError, which
+  the trainer prints as every --export_dir refusal)."""
+  before = _Files(logdir)
+  with FileSizeLimit(256), pytest.raises(trainer.ConfigError) as e:
+    _Run(*base, decode[0], decode[1] + ';task.train.eval_num_batches=1')
+  assert str(e.value) == (
+      f'--logdir {logdir}: cannot write {logdir}/decode_{SPLIT}: File too '
+      'large; it was left as it was: free space or choose another --logdir')
+  assert _Files(logdir) == before
+
+
+def _Files(root):
+  out = {}
+  for dirpath, _, filenames in os.walk(root):
+    for name in filenames:
+      with open(os.path.join(dirpath, name), 'rb') as f:
+        out[os.path.relpath(os.path.join(dirpath, name), root)] = f.read()
+  return out
