@@ -118,6 +118,9 @@ def TrainerMain(kill_point, kill_step, trainer_args, action=_Die):
     return real_save(self, step)
 
   checkpointer.Checkpointer.Save = Save
+  # Ctrl-C's KeyboardInterrupt, also when started with SIGINT ignored (a
+  # background job, some test runners' workers).
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   sys.argv = [sys.argv[0]] + list(trainer_args)
   trainer.Run()
 
