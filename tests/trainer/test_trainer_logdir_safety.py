@@ -203,6 +203,17 @@ def test_second_trainer_is_refused_until_the_lock_is_released(tmp_path):
   assert sorted(os.listdir(logdir)) == ['params.txt', 'train']
 
 
+def test_eval_runs_beside_a_training_run(trained, tmp_path):
+  """Only training takes the lock: eval reads a held logdir's checkpoint,
+  as Lingvo's evaler job reads its trainer's."""
+  logdir = tmp_path / 'run'
+  shutil.copytree(trained, logdir)
+  with logdir_lock.Hold(str(logdir)):
+    result = _Execute(logdir, '--mode=eval',
+                      '--params_override=task.train.eval_num_batches=1')
+  assert result['step'] == 2
+
+
 def test_lock_file_that_is_a_link_is_refused(tmp_path):
   logdir = tmp_path / 'run'
   logdir.mkdir()
