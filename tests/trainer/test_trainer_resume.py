@@ -1,15 +1,15 @@
 """Faults during saves, then resume: one logdir's trainer is stopped
 inside a save again and again (a seeded choice of signal: SIGKILL, SIGTERM,
 SIGINT; of kill point, tests/trainer/ckpt_crash_helper.py; and of step),
-and a second trainer is started on it while the first holds it. After each
-kill the state file names only checkpoints that exist and restore, the
-latest the last one committed; the restarted run resumes from it despite
-the lock file the dead run may leave; and the last run ends with theta,
-optimizer slots, step and seed bitwise identical, and the same loss at
-every step, as an uninterrupted run (same seed; the data iterator's
-position is part of every checkpoint). The kill points are hooks on the
-production save path, so every run of this test stops at the same
-places."""
+and a second trainer (this process) is started on it while the first
+holds it. After each kill the state file names only checkpoints that exist
+and restore, the latest the last one committed; the restarted run resumes
+from it despite the lock file the dead run may leave; and the last run
+(this process) ends with theta, optimizer slots, step and seed bitwise
+identical, and the same loss at every step, as an uninterrupted run (same
+seed; the data iterator's position is part of every checkpoint). The kill
+points are hooks on the production save path, so every run of this test
+stops at the same places; the trainer binary runs 3 times."""
 
 import os
 import random
@@ -110,10 +110,17 @@ def _Refused(logdir, holder_pid):
   assert sorted(os.listdir(logdir / 'train')) == before
 
 
+def _Execute(logdir):
+  """Trains in this process (the trainer binary's main path); returns
+  {step: printed loss}."""
+  lines = []
+  trainer.Execute(trainer_testlib.ParseFlags(*_Args(logdir)),
+                  printer=lines.append)
+  return _Losses('\n'.join(lines))
+
+
 def test_killed_saves_and_a_second_trainer_then_resume_is_bitwise_identical(
     tmp_path):
-  reference = _Popen(trainer_testlib.TrainerCommand(
-      *_Args(tmp_path / 'reference')))
   logdir = tmp_path / 'killed'
   train = logdir / 'train'
   losses = {}
@@ -141,16 +148,13 @@ def test_killed_saves_and_a_second_trainer_then_resume_is_bitwise_identical(
     _CheckStateFile(train, resume_at - 1, what)
     # SIGINT unwinds (the lock file is removed); a killed run leaves it.
     assert (logdir / 'trainer.lock').exists() == (sig != signal.SIGINT), what
-  resumed = trainer_testlib.RunTrainer(*_Args(logdir))
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  printed = _Losses(resumed.stdout)
+  printed = _Execute(logdir)
   assert sorted(printed) == list(range(resume_at, MAX_STEPS + 1))
   losses.update(printed)
   assert not (logdir / 'trainer.lock').exists()
   _CheckStateFile(train, MAX_STEPS, 'the last run')
-  out, err = reference.communicate(timeout=300)
-  assert reference.returncode == 0, err[-3000:]
-  assert losses == _Losses(out)
+  # The uninterrupted run.
+  assert losses == _Execute(tmp_path / 'reference')
   ref = _Values(str(tmp_path / 'reference' / 'train' / f'ckpt-{MAX_STEPS}'))
   res = _Values(str(train / f'ckpt-{MAX_STEPS}'))
   assert sorted(ref) == sorted(res)
