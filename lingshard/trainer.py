@@ -256,7 +256,7 @@ def _WriteParamsText(logdir, params):
       f.write(params.ToText())
     tf.io.gfile.rename(tmp, path, overwrite=True)
   except tf.errors.OpError as e:
-    if tf.io.gfile.exists(tmp):
+    with contextlib.suppress(tf.errors.OpError):
       tf.io.gfile.remove(tmp)
     why = e.message.rsplit('; ', 1)[-1]  # TF may prefix the path.
     raise ConfigError(f'--logdir {logdir}: cannot write {path}: {why}; fix '
