@@ -21,18 +21,27 @@ default device.
 
 Params: the registry's SingleTaskModel params (`task.*`, `input.*`), then
 --params_file, --params_override, --max_steps, --seed, in that order; what
-they changed is printed and the result written to logdir/params.txt.
+they changed is printed and the result written to logdir/params.txt once
+the run has restored its checkpoint (or started fresh).
+
+A training run holds logdir/trainer.lock (train/logdir_lock.py): a second
+trainer on the same logdir is refused, naming the holder; eval, decode and
+export may run beside it.
 
 Exit codes: 0 ok; 1 a usage, configuration or data error (one line on
-stderr: a flag out of range, a logdir under a file, an unreadable params
-file, missing corpus or vocabulary files, a failed write; bad flags and
-data are found before anything is written);
+stderr: a flag out of range, a logdir under a file, a logdir held by
+another trainer, an unreadable params file, missing corpus or vocabulary
+files, a failed write; bad flags and data are found before anything is
+written);
 3 NaN/Inf in the loss or gradients (the message names the step and the last
 good checkpoint, which is kept).
 """
 
+import contextlib
+import functools
 import os
 import sys
+import uuid
 
 from absl import app
 from absl import flags
@@ -50,6 +59,7 @@ from lingshard.train import checkpointer
 from lingshard.train import decode_loop
 from lingshard.train import eval_loop
 from lingshard.train import export
+from lingshard.train import logdir_lock
 from lingshard.train import overrides
 from lingshard.train import state as state_lib
 from lingshard.train import strategies
@@ -242,33 +252,49 @@ def _EvalHook(cfg, dataset, evaluator, theta_fn, printer):
 
 
 def _WriteParamsText(logdir, params):
-  """Writes logdir/params.txt; ConfigError (one line) if it cannot."""
+  """Writes logdir/params.txt (a temporary sibling renamed into place);
+  ConfigError (one line) if it cannot: the previous file is kept."""
   path = os.path.join(logdir, 'params.txt')
+  tmp = f'{path}.tmp{uuid.uuid4().hex}'
   try:
     tf.io.gfile.makedirs(logdir)
-    with tf.io.gfile.GFile(path, 'w') as f:
+    with tf.io.gfile.GFile(tmp, 'w') as f:
       f.write(params.ToText())
+    tf.io.gfile.rename(tmp, path, overwrite=True)
   except tf.errors.OpError as e:
-    why = e.message.split(f'{path}; ', 1)[-1]  # TF may prefix the path.
-    raise ConfigError(f'--logdir {logdir}: cannot write {path}: {why}; free '
-                      'space or choose another --logdir') from None
+    with contextlib.suppress(tf.errors.OpError):
+      tf.io.gfile.remove(tmp)
+    why = e.message.rsplit('; ', 1)[-1]  # TF may prefix the path.
+    raise ConfigError(f'--logdir {logdir}: cannot write {path}: {why}; fix '
+                      'that (e.g. free space) or choose another --logdir'
+                      ) from None
 
 
 def RunTrain(cfg, params, strategy, info, printer, with_eval=False):
-  """Builds the trainer (and evaluator), which reads the inputs, then
-  writes params.txt (chief) and trains: bad data fails before anything is
-  written."""
-  trainer = train_loop.Trainer(
-      params, cfg.logdir, strategy=strategy, info=info,
-      init_from_checkpoint=cfg.init_from_checkpoint, printer=printer,
-      inject_nan_at_step=cfg.test_inject_nan_at_step)
-  hook = None
-  if with_eval:
-    hook = _EvalHook(cfg, cfg.eval_dataset, _Evaluator(cfg, cfg.eval_dataset),
-                     trainer.ThetaValues, printer)
-  if info.is_chief:
-    _WriteParamsText(cfg.logdir, params)
-  return trainer.Train(eval_hook=hook, max_seconds=cfg.max_train_seconds)
+  """Takes the logdir's lock (the chief; logdir_lock: one trainer per
+  logdir), builds the trainer (and evaluator), which reads the inputs, and
+  trains. params.txt is written (chief) once the run has restored its
+  checkpoint or started fresh: bad data, a held logdir or a checkpoint that
+  does not restore leave the logdir as it was."""
+  lock = (logdir_lock.Hold(cfg.logdir) if info.is_chief else
+          contextlib.nullcontext())
+  try:
+    with lock:
+      trainer = train_loop.Trainer(
+          params, cfg.logdir, strategy=strategy, info=info,
+          init_from_checkpoint=cfg.init_from_checkpoint, printer=printer,
+          inject_nan_at_step=cfg.test_inject_nan_at_step)
+      hook = None
+      if with_eval:
+        hook = _EvalHook(cfg, cfg.eval_dataset,
+                         _Evaluator(cfg, cfg.eval_dataset),
+                         trainer.ThetaValues, printer)
+      on_start = (functools.partial(_WriteParamsText, cfg.logdir, params)
+                  if info.is_chief else None)
+      return trainer.Train(eval_hook=hook, max_seconds=cfg.max_train_seconds,
+                           on_start=on_start)
+  except logdir_lock.LockError as e:
+    raise ConfigError(str(e)) from None
 
 
 def RunEval(cfg, params, printer):
@@ -349,10 +375,11 @@ def CheckFlags(cfg):
 
 
 def CheckLogdir(logdir):
-  """ConfigError (one line) if a local --logdir is, or lies under, a file."""
+  """ConfigError (one line) if a local --logdir or its train/ is, or lies
+  under, a file."""
   if '://' in logdir:
     return
-  path = os.path.normpath(logdir)
+  path = os.path.normpath(os.path.join(logdir, 'train'))
   while path and not os.path.exists(path):
     parent = os.path.dirname(path)
     path = '' if parent == path else parent

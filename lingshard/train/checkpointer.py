@@ -1,32 +1,47 @@
-"""Checkpoints of a `TrainState` with tf.train.Checkpoint + CheckpointManager.
+"""Checkpoints of a `TrainState` with tf.train.Checkpoint.
 
 Layout of `<logdir>/train/`:
 
-  checkpoint                      the manager's state file: the commit point
+  checkpoint                      the state file: the commit point
   ckpt-<step>.index / .data-*     one checkpoint per saved step, keys:
     theta/<weight path>/.ATTRIBUTES/VARIABLE_VALUE      e.g. theta/model/fc_000/w
     opt/<weight path>/<slot>/.ATTRIBUTES/VARIABLE_VALUE e.g. opt/model/fc_000/w/m
     step/..., seed/...            int64 update count and the run's seed
     data/.ATTRIBUTES/ITERATOR_STATE  the tf.data iterator (when enabled)
 
-Atomicity: TF writes the shards under `<prefix>_temp/`, merges them into
-`ckpt-<step>.*`, then rewrites the `checkpoint` state file (written to a
-temporary file and renamed) and only after that deletes the checkpoints
-beyond `max_to_keep`. A crash before that rename leaves the state file naming
-the previous checkpoint, which is untouched. A step is never saved twice, so
-the checkpoint the state file names is never being overwritten
-(tests/trainer/test_trainer_checkpointer.py kills a process at each stage of
-a save, with max_to_keep=1, to prove this).
+The state file is TensorFlow's CheckpointState text (so
+tf.train.latest_checkpoint reads it): `model_checkpoint_path` (the latest)
+and `all_model_checkpoint_paths` (the kept ones, oldest first), written by
+this module as names relative to the directory.
+
+Atomicity (a save, `Checkpointer.Save`): TF writes the shards under
+`<prefix>_temp/` and merges them into `ckpt-<step>.*`; then the state file
+is written to a temporary sibling and renamed over `checkpoint`; only after
+that are the checkpoints the new state file does not list deleted. A crash
+before that rename leaves the state file naming the previous checkpoint,
+which is untouched. A step is never saved twice, so the checkpoint the state
+file names is never being overwritten (tests/trainer/test_trainer_checkpointer.py
+kills a process at each stage of a save, with max_to_keep=1, to prove this;
+tests/trainer/test_trainer_resume.py kills the trainer with several signals
+and resumes bit-exactly). The stages are named in SAVE_STAGES.
+
+Nothing outside the directory: every entry of a state file read from disk
+must be a `ckpt-<step>` of this very directory once `..` and symbolic links
+are resolved (os.path.realpath; a `gs://`-style path is normalised only);
+otherwise CheckpointError names the file and the entry, before anything is
+written or deleted. Pruning never trusts that list: it deletes only the
+`ckpt-<step>.*` files (and `ckpt-<step>_temp` directories, `checkpoint.tmp*`
+files) that it finds in the directory and that the state file it just wrote
+does not list; a symbolic link is removed, never followed.
 
 A save that fails (a full disk, any write error) removes what it wrote of
-that step unless the state file already records it, and raises
-CheckpointError naming the directory and the OS error.
+that step and raises CheckpointError naming the directory and the OS error;
+the state file still names the previous checkpoint.
 
 Reading: the state file must parse and name a checkpoint whose `.index`
 exists, and a directory holding `ckpt-*.index` files must have a state
-file; otherwise CheckpointError names the file. The CheckpointManager (which
-ignores an unparsable state file and would overwrite it) is created only
-after this check, at the first save, so a damaged directory is never
+file; otherwise CheckpointError names the file. The state file is first
+read (and checked) at the first save, so a damaged directory is never
 overwritten by a run restarting from step 0. A checkpoint whose `.index` or
 `.data-*` file is truncated or corrupt is named the same way.
 
@@ -43,8 +58,11 @@ rules (e.g. sparse upcycling): init_rules.py.
 """
 
 import os
+import posixpath
 import re
+import shutil
 import time
+import uuid
 
 from absl import logging
 from google.protobuf import text_format
@@ -59,6 +77,24 @@ _PREFIX = 'ckpt'
 # read of a `.data` file is an IndexError).
 READ_ERRORS = (tf.errors.OpError, ValueError, LookupError)
 _WRITE_ERRORS = (tf.errors.OpError, OSError)
+# A file or directory of checkpoint <step>: `ckpt-<step>.index`,
+# `ckpt-<step>.data-*`, `ckpt-<step>_temp*` (shards of an unfinished save).
+_FILE = re.compile(rf'{_PREFIX}-(\d+)(?:\.index|\.data-.*|_temp.*)')
+_NAME = re.compile(rf'{_PREFIX}-(\d+)')
+
+# The stages of a save after TF's write (in order): `ckpt-<step>` complete,
+# state file not yet written; the state file's temporary sibling written,
+# not yet renamed; the new state file in place, no old checkpoint deleted;
+# one old file deleted. Testing only: `stage_hook(stage, step)`, when set,
+# is called at each (tests/trainer/ckpt_crash_helper.py stops the process
+# there).
+SAVE_STAGES = ('before_state', 'mid_state', 'before_sweep', 'mid_sweep')
+stage_hook = None
+
+
+def _Stage(stage, step):
+  if stage_hook is not None:
+    stage_hook(stage, step)
 
 
 class CheckpointError(RuntimeError):
@@ -102,24 +138,37 @@ def _Absolute(train_dir, path):
   return os.path.join(train_dir, path)
 
 
+def _Resolve(path):
+  """`path` with `..` and (on a local file system) symbolic links resolved."""
+  return posixpath.normpath(path) if '://' in path else os.path.realpath(path)
+
+
 def _Step(path):
   m = re.search(rf'{_PREFIX}-(\d+)\.index$', path)
   return int(m.group(1)) if m else -1
 
 
-def ReadState(train_dir):
-  """Prefix of the checkpoint the state file of `train_dir` names, or None
-  when there is no state file and no `ckpt-*.index` file.
+def _EntryStep(train_dir, state, entry):
+  """The step of state-file entry `entry`; CheckpointError unless it is a
+  `ckpt-<step>` of `train_dir` itself (after resolving `..` and links)."""
+  head, base = posixpath.split(_Absolute(train_dir, entry))
+  m = _NAME.fullmatch(base)
+  if m is None or _Resolve(head or '.') != _Resolve(train_dir):
+    raise CheckpointError(
+        f'checkpoint state file {state} names {entry!r}, which is not a '
+        f'{_PREFIX}-<step> checkpoint of {train_dir}; {_Advice(train_dir)}')
+  return int(m.group(1))
 
-  Raises CheckpointError (naming the file) for a state file that does not
-  parse, names no checkpoint or one without an `.index` file, and for
-  `ckpt-*.index` files without a state file.
-  """
+
+def _ReadSteps(train_dir):
+  """(latest step, sorted steps of every entry) of the state file of
+  `train_dir`, or (None, []) when there is none (see ReadState). Every
+  entry is checked (_EntryStep)."""
   state = os.path.join(train_dir, STATE_FILE)
   if not tf.io.gfile.exists(state):
     found = tf.io.gfile.glob(os.path.join(train_dir, f'{_PREFIX}-*.index'))
     if not found:
-      return None
+      return None, []
     newest = os.path.basename(max(found, key=_Step))
     raise CheckpointError(f'checkpoint state file {state} is missing but '
                           f'{train_dir} holds {newest}; {_Advice(train_dir)}')
@@ -135,13 +184,61 @@ def ReadState(train_dir):
     what = 'is empty' if not text.strip() else 'names no checkpoint'
     raise CheckpointError(f'checkpoint state file {state} {what}; '
                           f'{_Advice(train_dir)}')
-  path = _Absolute(train_dir, proto.model_checkpoint_path)
+  latest = _EntryStep(train_dir, state, proto.model_checkpoint_path)
+  listed = [_EntryStep(train_dir, state, entry)
+            for entry in proto.all_model_checkpoint_paths]
+  path = os.path.join(train_dir, f'{_PREFIX}-{latest}')
   if not tf.io.gfile.exists(path + '.index'):
     raise CheckpointError(
         f'checkpoint state file {state} names '
         f'{proto.model_checkpoint_path!r} but {path}.index does not exist; '
         f'{_Advice(train_dir)}')
-  return path
+  return latest, sorted(set(listed) | {latest})
+
+
+def ReadState(train_dir):
+  """Prefix of the checkpoint the state file of `train_dir` names, or None
+  when there is no state file and no `ckpt-*.index` file.
+
+  Raises CheckpointError (naming the file) for a state file that does not
+  parse, names no checkpoint or one without an `.index` file, or names
+  anything but a `ckpt-<step>` of `train_dir` (after resolving `..` and
+  links), and for `ckpt-*.index` files without a state file.
+  """
+  latest, _ = _ReadSteps(train_dir)
+  return None if latest is None else os.path.join(train_dir,
+                                                  f'{_PREFIX}-{latest}')
+
+
+def _Remove(path):
+  """Removes a file or directory; a symbolic link is removed, not followed."""
+  if '://' in path:
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
+    else:
+      tf.io.gfile.remove(path)
+  elif os.path.isdir(path) and not os.path.islink(path):
+    shutil.rmtree(path)  # Does not follow links inside either.
+  else:
+    os.unlink(path)
+
+
+def _WriteState(train_dir, steps):
+  """Makes the state file of `train_dir` list `steps` (the last is the
+  latest): a temporary sibling renamed over it. No steps: removes it."""
+  state = os.path.join(train_dir, STATE_FILE)
+  if not steps:
+    if tf.io.gfile.exists(state):
+      _Remove(state)
+    return
+  proto = checkpoint_state_pb2.CheckpointState(
+      model_checkpoint_path=f'{_PREFIX}-{steps[-1]}',
+      all_model_checkpoint_paths=[f'{_PREFIX}-{s}' for s in steps])
+  tmp = f'{state}.tmp{uuid.uuid4().hex}'
+  with tf.io.gfile.GFile(tmp, 'w') as f:
+    f.write(text_format.MessageToString(proto))
+  _Stage('mid_state', steps[-1])
+  tf.io.gfile.rename(tmp, state, overwrite=True)
 
 
 def _DataFile(path):
@@ -219,24 +316,26 @@ class Checkpointer:
     self._save_dir = (train_dir if is_chief else
                       os.path.join(train_dir, f'.tmp_worker_{worker_id}'))
     self._max_to_keep = max_to_keep
-    self._manager = None  # Created by the first save (see _Manager).
+    # Steps the state file lists (the latest last), read at the first save
+    # (see _Listed), then the list this object wrote.
+    self._listed = None
+    self._on_disk = []
     self._interval_steps = save_interval_steps
     self._interval_secs = save_interval_secs
     self._last_saved_step = None
     self._last_save_time = time.time()
 
-  def _Manager(self):
-    """The CheckpointManager, created once the state file is known good
-    (the manager ignores an unparsable state file and would overwrite it)."""
-    if self._manager is None:
-      if self._is_chief:
-        ReadState(self._save_dir)
-        for name in tf.io.gfile.glob(
-            os.path.join(self._save_dir, STATE_FILE + '.tmp*')):
-          tf.io.gfile.remove(name)  # Left by a state-file write killed midway.
-      self._manager = tf.train.CheckpointManager(
-          self._ckpt, self._save_dir, max_to_keep=self._max_to_keep)
-    return self._manager
+  def _Listed(self):
+    """The kept steps, from the state file at the first call: it is checked
+    (ReadState) before this run writes anything, entries newer than the
+    latest (a state file edited to go back) and entries without files are
+    dropped."""
+    if self._listed is None:
+      latest, self._on_disk = _ReadSteps(self._save_dir)
+      self._listed = [s for s in self._on_disk if s == latest or (
+          latest is not None and s < latest and tf.io.gfile.exists(
+              os.path.join(self._save_dir, f'{_PREFIX}-{s}.index')))]
+    return self._listed
 
   # ------------------------------------------------------------- restoring
   def LatestPath(self):
@@ -355,55 +454,95 @@ class Checkpointer:
     return self.Save(step) if self.ShouldSave(step) else None
 
   def Save(self, step):
-    """Saves `ckpt-<step>` unless that step is already saved.
+    """Saves `ckpt-<step>` unless that step is already saved; returns its
+    prefix (None on a non-chief worker).
 
-    On a write error (e.g. a full disk) removes the files of this step the
-    state file does not record and raises CheckpointError.
+    On a write error (e.g. a full disk) removes the files of this step and
+    raises CheckpointError; the state file still names the previous
+    checkpoint.
     """
     if step == self._last_saved_step:
       return None
-    manager = self._Manager()
+    if not self._is_chief:
+      prefix = os.path.join(self._save_dir, f'{_PREFIX}-{step}')
+      try:
+        self._ckpt.write(prefix)
+      except _WRITE_ERRORS as e:
+        raise self._SaveFailed(step, e) from None
+      _Remove(self._save_dir)
+      self._Saved(step)
+      return None
+    listed = self._Listed()
+    kept = [s for s in listed if s < step]
+    prefix = os.path.join(self._save_dir, f'{_PREFIX}-{step}')
     try:
-      path = manager.save(checkpoint_number=step)
+      tf.io.gfile.makedirs(self._save_dir)
+      if step in self._on_disk:  # Unlist it before replacing its files.
+        _WriteState(self._save_dir, kept)
+        self._listed = self._on_disk = kept
+      for name in self._Files(lambda s: s == step):
+        _Remove(name)  # Files of an unfinished save of this step.
+      self._ckpt.write(prefix)
+      _Stage('before_state', step)
+      new = kept + [step]
+      if self._max_to_keep:
+        new = new[-self._max_to_keep:]
+      _WriteState(self._save_dir, new)
     except _WRITE_ERRORS as e:
       raise self._SaveFailed(step, e) from None
+    self._listed = self._on_disk = new
+    _Stage('before_sweep', step)
+    self._Prune(new)
+    self._Saved(step)
+    return prefix
+
+  def _Saved(self, step):
     self._last_saved_step = step
     self._last_save_time = time.time()
-    if not self._is_chief:
-      tf.io.gfile.rmtree(self._save_dir)
-      return None
-    return path
+
+  def _Files(self, drop):
+    """Paths of the `ckpt-<step>` files and directories in the directory
+    whose step satisfies `drop`, and leftover state-file temporaries."""
+    out = []
+    if not tf.io.gfile.isdir(self._save_dir):
+      return out
+    for name in sorted(tf.io.gfile.listdir(self._save_dir)):
+      name = name.rstrip('/')
+      m = _FILE.fullmatch(name)
+      if (m and drop(int(m.group(1)))) or name.startswith(STATE_FILE + '.tmp'):
+        out.append(os.path.join(self._save_dir, name))
+    return out
+
+  def _Prune(self, kept):
+    """Deletes what the state file no longer lists (found in the
+    directory, never read from a list on disk)."""
+    for i, name in enumerate(self._Files(lambda s: s not in kept)):
+      try:
+        _Remove(name)
+      except _WRITE_ERRORS as e:
+        logging.warning('Could not remove %s: %s', name, ErrorText(e))
+      if i == 0:
+        _Stage('mid_sweep', kept[-1])
 
   def _SaveFailed(self, step, error):
     """Cleans up after a failed save of `step`; the CheckpointError."""
-    prefix = os.path.join(self._save_dir, f'{_PREFIX}-{step}')
-    try:
-      latest = ReadState(self._save_dir)
-    except CheckpointError:
-      latest = None
-    partial = tf.io.gfile.glob(prefix + '_temp*') + tf.io.gfile.glob(
-        os.path.join(self._save_dir, STATE_FILE + '.tmp*'))
-    if latest != prefix:
-      partial += tf.io.gfile.glob(prefix + '.*')
+    partial = ([self._save_dir] if not self._is_chief else
+               self._Files(lambda s: s == step))
     for name in partial:
       try:
-        if tf.io.gfile.isdir(name):
-          tf.io.gfile.rmtree(name)
-        else:
-          tf.io.gfile.remove(name)
-      except tf.errors.OpError as e:
+        _Remove(name)
+      except _WRITE_ERRORS as e:
         logging.warning('Could not remove %s: %s', name, ErrorText(e))
-    # The manager's bookkeeping now lists the failed step: re-read the disk.
-    self._manager = None
+    latest = (os.path.join(self._save_dir, f'{_PREFIX}-{self._listed[-1]}')
+              if self._is_chief and self._listed else None)
     detail = ErrorText(error).rsplit('; ', 1)[-1]
-    removed = '' if latest == prefix else 'its partial files were removed; '
     kept = (f'the latest checkpoint is {latest}: free space there (or fix '
             'the error) and restart to resume from it' if latest else
             'no checkpoint was saved yet: free space there (or fix the '
             'error) and restart')
     return CheckpointError(
         f'could not save checkpoint {_PREFIX}-{step} in {self._save_dir}: '
-        f'{detail}; {removed}{kept}')
+        f'{detail}; its partial files were removed; {kept}')
 
   @property
   def last_saved_step(self):

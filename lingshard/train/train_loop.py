@@ -167,9 +167,13 @@ class Trainer:
       self._iterator = iter(self._dataset.skip(step))
     return step
 
-  def Train(self, max_steps=None, eval_hook=None, max_seconds=0.0):
+  def Train(self, max_steps=None, eval_hook=None, max_seconds=0.0,
+            on_start=None):
     """Trains to `max_steps` (default: task.train.max_steps).
 
+    `on_start()` runs once the run has restored its checkpoint (or started
+    fresh), before anything is written (the trainer writes params.txt
+    there): a run that cannot resume leaves its logdir as it was.
     `eval_hook(step)` runs every `eval_interval_steps` and at the end.
     `max_seconds` > 0 also stops (with a checkpoint) at the first step that
     ends past that many seconds of this call: a time budget for demos. Each
@@ -184,6 +188,8 @@ class Trainer:
                        'task.train.max_steps or --max_steps)')
     start = time.time()
     step = self.Restore()
+    if on_start is not None:
+      on_start()
     if self._writer is None:
       # Only now: a logdir whose checkpoints cannot be read is left as is.
       self._writer = summaries.SummaryWriter(self.train_dir,

@@ -1,5 +1,5 @@
-"""Subprocess helper of the checkpoint tests: dies by SIGKILL at a chosen
-point of a save.
+"""Subprocess helper of the checkpoint tests: dies by SIGKILL (or stops and
+waits for a signal) at a chosen point of a save.
 
   python ckpt_crash_helper.py TRAIN_DIR KILL_POINT
     saves checkpoint 1 (all weights 1.0) with max_to_keep=1, then dies at
@@ -8,36 +8,50 @@ point of a save.
   python ckpt_crash_helper.py --trainer KILL_POINT STEP TRAINER_FLAGS...
     runs lingshard.trainer and dies at KILL_POINT of the save of step STEP.
 
-Kill points, in the order a save goes through them (all are hooks on the
-functions the production save calls, which otherwise run unchanged):
+  python ckpt_crash_helper.py --pause KILL_POINT STEP TRAINER_FLAGS...
+    the same, but at KILL_POINT prints `paused KILL_POINT STEP` and sleeps
+    until a signal (sent by the test) ends it.
+
+Kill points, in the order a save goes through them (TF's write is hooked
+on the op it calls; the rest are checkpointer.SAVE_STAGES, the save's own
+test hook; the production code otherwise runs unchanged):
   before_merge   shards written to <prefix>_temp/, not yet merged
   mid_merge      ckpt-2.index/.data written, then truncated (a torn write)
   before_state   ckpt-2 complete, the `checkpoint` state file not updated
-  mid_state      inside TF's atomic write of the state file: its temporary
-                 file is written, the rename over `checkpoint` not done
+  mid_state      the state file's temporary sibling written (naming
+                 ckpt-2), the rename over `checkpoint` not done
   before_sweep   the state file names ckpt-2, ckpt-1 not yet deleted
+  mid_sweep      one file of the checkpoints no longer listed deleted
 """
 
 import os
 import signal
 import sys
+import time
 
 # lingshard before TensorFlow, as in the trainer: TensorFlow then loads
 # without jax, matplotlib and Keras (lingshard/startup.py; ~1 s a process).
 import lingshard  # noqa: F401  pylint: disable=unused-import
-from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.checkpoint import functional_saver
-from tensorflow.python.lib.io import file_io
 
 from lingshard import model_registry
 from lingshard.train import checkpointer
 from lingshard.train import state as state_lib
 from lingshard.train import step as step_lib
 
+KILL_POINTS = ('before_merge', 'mid_merge') + checkpointer.SAVE_STAGES
 
-def _Die():
+
+def _Die(point, step):
+  del point, step
   sys.stdout.flush()
   os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _Pause(point, step):
+  print(f'paused {point} {step}', flush=True)
+  time.sleep(600)  # The test signals long before; a lost helper ends.
+  sys.exit(9)
 
 
 def _SetAll(state, value):
@@ -45,14 +59,16 @@ def _SetAll(state, value):
     var.assign(var.read_value() * 0 + value)
 
 
-def Patch(kill_point, prefix):
-  """Makes the next save of checkpoint `prefix` die at `kill_point`."""
+def Patch(kill_point, step, prefix, action=_Die):
+  """Makes the save of checkpoint `prefix` (of `step`) call
+  `action(kill_point, step)` at `kill_point`."""
+  assert kill_point in KILL_POINTS, kill_point
   gen_io_ops = functional_saver.gen_io_ops
   real_merge = gen_io_ops.merge_v2_checkpoints
 
   def Merge(*args, **kwargs):
     if kill_point == 'before_merge':
-      _Die()
+      action(kill_point, step)
     out = real_merge(*args, **kwargs)
     if kill_point == 'mid_merge':
       directory, base = os.path.split(prefix)
@@ -61,38 +77,16 @@ def Patch(kill_point, prefix):
           path = os.path.join(directory, name)
           with open(path, 'r+b') as f:
             f.truncate(os.path.getsize(path) // 2)
-      _Die()
+      action(kill_point, step)
     return out
 
   gen_io_ops.merge_v2_checkpoints = Merge
-  real_update = checkpoint_management.update_checkpoint_state_internal
 
-  def Update(*args, **kwargs):
-    if kill_point == 'before_state':
-      _Die()
-    return real_update(*args, **kwargs)
+  def Stage(stage, at_step):
+    if stage == kill_point and at_step == step:
+      action(kill_point, step)
 
-  checkpoint_management.update_checkpoint_state_internal = Update
-  # The real file_io.atomic_write_string_to_file writes its temporary file,
-  # then calls this module-level rename.
-  real_rename = file_io.rename
-
-  def Rename(oldname, newname, overwrite=False):
-    if (kill_point == 'mid_state' and
-        os.path.basename(newname) == 'checkpoint'):
-      _Die()
-    return real_rename(oldname, newname, overwrite)
-
-  file_io.rename = Rename
-  manager_cls = checkpoint_management.CheckpointManager
-  real_sweep = manager_cls._sweep  # pylint: disable=protected-access
-
-  def Sweep(self):
-    if kill_point == 'before_sweep':
-      _Die()
-    return real_sweep(self)
-
-  manager_cls._sweep = Sweep  # pylint: disable=protected-access
+  checkpointer.stage_hook = Stage
 
 
 def main(train_dir, kill_point):
@@ -106,29 +100,34 @@ def main(train_dir, kill_point):
   print('saved 1', flush=True)
   _SetAll(state, 2.0)
   state.step.assign(2)
-  Patch(kill_point, os.path.join(train_dir, 'ckpt-2'))
+  Patch(kill_point, 2, os.path.join(train_dir, 'ckpt-2'))
   ckpt.Save(2)
   print('saved 2 (not killed)', flush=True)
 
 
-def TrainerMain(kill_point, kill_step, trainer_args):
-  """Runs the trainer binary; dies at `kill_point` of the save of
+def TrainerMain(kill_point, kill_step, trainer_args, action=_Die):
+  """Runs the trainer binary; calls `action` at `kill_point` of the save of
   `kill_step`."""
   from lingshard import trainer  # pylint: disable=import-outside-toplevel
   real_save = checkpointer.Checkpointer.Save
 
   def Save(self, step):
     if step == kill_step:
-      Patch(kill_point, os.path.join(self.train_dir, f'ckpt-{step}'))
+      Patch(kill_point, step, os.path.join(self.train_dir, f'ckpt-{step}'),
+            action)
     return real_save(self, step)
 
   checkpointer.Checkpointer.Save = Save
+  # Ctrl-C's KeyboardInterrupt, also when started with SIGINT ignored (a
+  # background job, some test runners' workers).
+  signal.signal(signal.SIGINT, signal.default_int_handler)
   sys.argv = [sys.argv[0]] + list(trainer_args)
   trainer.Run()
 
 
 if __name__ == '__main__':
-  if sys.argv[1] == '--trainer':
-    TrainerMain(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+  if sys.argv[1] in ('--trainer', '--pause'):
+    TrainerMain(sys.argv[2], int(sys.argv[3]), sys.argv[4:],
+                _Die if sys.argv[1] == '--trainer' else _Pause)
   else:
     main(sys.argv[1], sys.argv[2])

@@ -22,7 +22,7 @@ from tests.trainer import trainer_testlib
 # file must name afterwards (max_to_keep=1: a save that deleted the old
 # checkpoint before recording the new one would leave nothing loadable).
 KILL_POINTS = {'before_merge': 1, 'mid_merge': 1, 'before_state': 1,
-               'mid_state': 1, 'before_sweep': 2}
+               'mid_state': 1, 'before_sweep': 2, 'mid_sweep': 2}
 
 
 def _State(**train):
@@ -44,13 +44,16 @@ def _CheckKilledSave(train_dir, point, latest):
   else:
     assert 'ckpt-2.index' in files, files
   if point == 'mid_state':
-    # ... inside TF's atomic write: its temporary names ckpt-2, the state
-    # file still ckpt-1.
+    # ... inside the state file's atomic write: its temporary names ckpt-2,
+    # the state file still ckpt-1.
     tmp = [n for n in files if n.startswith('checkpoint.tmp')]
     assert len(tmp) == 1, files
     assert 'model_checkpoint_path: "ckpt-2"' in (train_dir / tmp[0]).read_text()
   if point == 'before_sweep':
     assert 'ckpt-1.index' in files, files
+  if point == 'mid_sweep':  # A torn ckpt-1 the state file no longer lists.
+    assert 'ckpt-1.index' in files, files
+    assert 'ckpt-1.data-00000-of-00001' not in files, files
   # ... and the committed checkpoint is intact.
   state = _State()
   ckpt = checkpointer.Checkpointer(str(train_dir), state, max_to_keep=1)

@@ -306,20 +306,21 @@ def test_numeric_flags_out_of_range(tmp_path, flag, message):
   assert _Tree(tmp_path) == []
 
 
-def test_full_disk_writing_params_txt(tmp_path):
-  """/dev/full fails every write with ENOSPC, as a full disk does."""
-  if not os.path.exists('/dev/full'):
-    pytest.skip('no /dev/full')
+def test_failed_write_of_params_txt_keeps_the_logdir(tmp_path):
+  """params.txt is written to a temporary sibling and renamed into place:
+  a failed write (here the rename, onto a directory; a full disk fails the
+  write the same way) is one line and leaves the logdir as it was."""
   logdir = tmp_path / 'run'
-  logdir.mkdir()
-  os.symlink('/dev/full', logdir / 'params.txt')
+  (logdir / 'params.txt').mkdir(parents=True)
+  (logdir / 'params.txt' / 'x').write_text('x\n')
   with pytest.raises(trainer.ConfigError) as e:
     _Execute('--model=toy.FFRegression', f'--logdir={logdir}',
              '--max_steps=2')
   assert str(e.value) == (
-      f'--logdir {logdir}: cannot write {logdir}/params.txt: No space left on '
-      'device; free space or choose another --logdir')
-  assert _Tree(tmp_path) == ['run', 'run/params.txt']  # No train/.
+      f'--logdir {logdir}: cannot write {logdir}/params.txt: Is a directory; '
+      'fix that (e.g. free space) or choose another --logdir')
+  # No train/, temporary file or lock left.
+  assert _Tree(tmp_path) == ['run', 'run/params.txt', 'run/params.txt/x']
 
 
 def test_missing_vocabulary_is_found_before_writing(tmp_path):
