@@ -45,7 +45,6 @@ import tensorflow as tf
 from lingshard import sharding
 from lingshard.layers import base_layer
 from lingshard.layers import pipeline
-from lingshard.layers.moe import base as moe_base
 
 
 class ConfigCheckError(ValueError):
@@ -120,37 +119,15 @@ def _CheckWeights(layers):
               f'divisible by {label} (the weight is split over it)')
 
 
-def _CheckMoE(layer, tokens, where):
-  """One MoE layer vs the `tokens` of a replica's (micro-)batch."""
-  p = layer.params
-  if p.num_groups is not None and tokens % p.num_groups:
-    raise ConfigCheckError(
-        f'{layer.path}: num_groups={p.num_groups} must divide the {tokens} '
-        f'tokens of {where} (GShard §2.2: G equal groups)')
-  if p.group_size is not None and tokens % p.group_size:
-    raise ConfigCheckError(
-        f'{layer.path}: group_size={p.group_size} must divide the {tokens} '
-        f'tokens of {where}')
-
-
-def _CheckMoEMesh(layer):
-  p = layer.params
-  if p.device_mesh is None:
-    return
-  gsm = p.activation_split_dims_mapping.gsm
-  if p.num_groups is not None and gsm and gsm[0] not in (None, -1):
-    _, n, label = _AxisSize(layer, gsm[0])
-    if p.num_groups % n:
-      raise ConfigCheckError(
-          f'{layer.path}: num_groups={p.num_groups} must be a multiple of '
-          f'{label} (groups are split over it)')
-  wi = p.weight_split_dims_mapping.wi
-  if wi and wi[0] not in (None, -1):
-    _, n, label = _AxisSize(layer, wi[0])
-    if p.num_experts % n:
-      raise ConfigCheckError(
-          f'{layer.path}: num_experts={p.num_experts} must be divisible by '
-          f'{label} (experts are split over it)')
+def _Fits(check, *args):
+  """Runs a layer's fit hook (base_layer: CheckMeshFit, CheckTokensFit);
+  its one-line ValueError becomes a ConfigCheckError."""
+  try:
+    check(*args)
+  except ConfigCheckError:
+    raise
+  except ValueError as e:
+    raise ConfigCheckError(str(e)) from None
 
 
 def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
@@ -169,14 +146,14 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
     raise ConfigCheckError(str(e).splitlines()[0]) from None
   layers = list(task.AllLayers())
   pipes = [x for x in layers if isinstance(x, pipeline.PipelinedLayer)]
-  # MoE layers and the data shards of their micro-batch (pipeline bodies:
-  # the pipeline's; else 1).
-  moes = [(x, 1) for x in layers if isinstance(x, moe_base.MoEBase)]
+  # Every layer and the data shards of its micro-batch (pipeline bodies:
+  # the pipeline's; else 1), for the layers' own fit checks.
+  sharded = [(x, 1) for x in layers]
   for pipe in pipes:
-    moes += [(x, pipe.DataShards()) for x in pipe.body.AllLayers()
-             if isinstance(x, moe_base.MoEBase)]
-  for layer, _ in moes:
-    _CheckMoEMesh(layer)
+    sharded += [(x, pipe.DataShards()) for x in pipe.body.AllLayers()]
+  for layer, _ in sharded:
+    _Fits(layer.CheckMeshFit,
+          lambda axis, x=layer: _AxisSize(x, axis)[1:])
   _CheckWeights(layers)
   batch_axis, axis_label = _BatchAxis(layers)
   for label, batch, length in _TrainShapes(model_params.input):
@@ -209,12 +186,12 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
              f'{label[len("input.bucket_batch_limits"):]}={length})')
     if micro > 1:
       where = f'a micro-batch ({micro} per batch) of {where}'
-    for layer, shards in moes:
+    for layer, shards in sharded:
       if shards > 1:
-        _CheckMoE(layer, tokens // shards,
-                  f'one of {shards} data shards of {where}')
+        _Fits(layer.CheckTokensFit, tokens // shards,
+              f'one of {shards} data shards of {where}')
       else:
-        _CheckMoE(layer, tokens, where)
+        _Fits(layer.CheckTokensFit, tokens, where)
   return task
 
 

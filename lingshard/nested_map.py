@@ -124,3 +124,17 @@ def _Pack(structure, it):
     return next(it)
   except StopIteration:
     raise ValueError('Pack got fewer leaves than the structure has.') from None
+
+
+def FlattenMetrics(metrics, prefix=''):
+  """Sorted [(name, value)] of a (nested) dict/NestedMap, for summaries.
+
+  Nested keys join with '_' (`a.b[0]` -> `a_b_0`), after `prefix_` when a
+  prefix is given. Values keep their shape: scalars become scalar
+  summaries, per-expert vectors histograms (train/summaries.py).
+  """
+  out = []
+  for key, value in NestedMap(metrics).FlattenItems():
+    name = key.replace('.', '_').replace('[', '_').replace(']', '')
+    out.append((f'{prefix}_{name}' if prefix else name, value))
+  return sorted(out, key=lambda item: item[0])

@@ -47,7 +47,7 @@ _ROOT_DEFAULTS = {
 
 def WeightParams(shape, init=None, dtype=None, device_mesh=None,
                  tensor_split_dims_mapping=None, trainable=True,
-                 count_update_rate=None):
+                 count_update_rate=None, update_rule=None):
   """Declares one weight; None fields are filled from the layer's params."""
   p = hyperparams.Params()
   p.Define('shape', list(shape), 'Weight shape.')
@@ -60,9 +60,12 @@ def WeightParams(shape, init=None, dtype=None, device_mesh=None,
   p.Define('trainable', trainable, 'Whether gradients update this weight.')
   p.Define('count_update_rate', count_update_rate, 'None: the optimizer '
            'updates the weight (if trainable). A rate gamma: its gradient '
-           'slot carries counts c and the train step sets w += gamma * '
-           'sign(mean(c) - c) over the last dim instead '
-           '(layers/moe/bias_balance.py).')
+           'slot carries what update_rule reads (e.g. counts) and the train '
+           'step sets w = update_rule.Updated(w, slot, gamma) instead, '
+           'outside the optimizer and the gradient norm.')
+  p.Define('update_rule', update_rule, 'With count_update_rate: a class '
+           'whose Updated(w, slot, rate) is the new weight (e.g. '
+           'layers/moe/bias_balance.CountBalance).')
   return p
 
 
@@ -174,6 +177,36 @@ class BaseLayer(tf.Module):
     returns the keys set. Default: nothing."""
     del p
     return []
+
+  # ------------------------------------------------------ training hooks
+  # What the trainer, the config check and the pipeline ask of any layer;
+  # a layer family with its own rules (layers/moe/) overrides them, so
+  # those callers need no knowledge of it.
+  @classmethod
+  def ForPipeline(cls, p, owner):
+    """`p` (this class's params) made fit to run inside a GPipe pipeline
+    body, or ValueError (one line, naming `owner`, the stack) if it cannot
+    run there. Default: unchanged."""
+    del owner
+    return p
+
+  def ExpertWeights(self):
+    """{own weight name: E} of weights whose leading dim is E experts:
+    a warm start tiles a checkpoint's dense or E1-expert value over E
+    (train/init_rules.py). Default: none."""
+    return {}
+
+  def CheckMeshFit(self, axis_size):
+    """ValueError (one line) if the layer's split does not fit its mesh;
+    `axis_size(axis) -> (size, label)` of a mesh axis (config_check).
+    Default: nothing to check."""
+    del axis_size
+
+  def CheckTokensFit(self, tokens, where):
+    """ValueError (one line) if the layer cannot run on `tokens` tokens
+    per (micro-)batch, described by `where` (config_check). Default:
+    nothing to check."""
+    del tokens, where
 
   # ------------------------------------------------------------- properties
   @property

@@ -5,7 +5,7 @@ probabilities. The mask is a pure function of (the layer's seed, which
 comes from `random_seed` and the layer path, the global training `step`,
 and the element's global index: row = global example in the mini-batch,
 then the element within the row), drawn from the counter-based hash of
-routing_rng.py. So:
+layers/rng.py. So:
 
 - re-materialisation, pipelining and the SPMD checker recompute the very
   same mask, with no stateful RNG;
@@ -33,11 +33,10 @@ import contextvars
 import tensorflow as tf
 
 from lingshard.layers import base_layer
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng
 
 # (layer_index, example_offset, example_stride) of KeyedMasks, or None.
 _MASK_KEY = contextvars.ContextVar('lingshard_dropout_key', default=None)
-_STREAM_DROPOUT = 5  # After layers/moe/rng.py's STREAM_* ids.
 
 
 @contextlib.contextmanager
@@ -105,10 +104,10 @@ def KeyedUniform(layer_seed, step, layer_index, example_offset, shape,
   shape = tf.convert_to_tensor(shape)
   per_row = tf.cast(tf.reduce_prod(shape[1:]), tf.int64)
   row = _Rows(example_offset, shape[0], example_stride)
-  counter = (tf.cast(layer_index, tf.int64) * routing_rng.LAYER_SHIFT +
+  counter = (tf.cast(layer_index, tf.int64) * rng.LAYER_SHIFT +
              row[:, tf.newaxis] * per_row +
              tf.range(per_row, dtype=tf.int64)[tf.newaxis, :])
-  u = routing_rng.TokenUniform(layer_seed, _STREAM_DROPOUT, step, counter)
+  u = rng.TokenUniform(layer_seed, rng.STREAM_DROPOUT, step, counter)
   return tf.reshape(u, shape)
 
 

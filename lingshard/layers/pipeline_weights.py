@@ -117,7 +117,8 @@ class StackedWeights:
       layer.CreateVariable(flat, base_layer.WeightParams(
           [k, s] + list(wp.shape), init=wp.init, dtype=wp.dtype,
           tensor_split_dims_mapping=[stage_axis, -1] + list(mapping),
-          trainable=wp.trainable, count_update_rate=wp.count_update_rate))
+          trainable=wp.trainable, count_update_rate=wp.count_update_rate,
+          update_rule=wp.update_rule))
 
   def Pack(self, own):
     """{variable name: leaf} -> the body's theta structure."""

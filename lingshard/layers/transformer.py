@@ -334,18 +334,8 @@ class TransformerStack(base_layer.BaseLayer):
                        f'MoE pattern repeats every {g} layers); use at most '
                        f'{pp.num_layers} stages')
     if moe:
-      mp = p.moe_tpl
-      if mp.group_size is None:
-        raise ValueError(f'{p.name}: a pipelined MoE stack needs '
-                         'moe_tpl.group_size (tokens per group); num_groups '
-                         f'{mp.num_groups} would count a micro-batch\'s '
-                         'groups')
-      if mp.dropout_rate:
-        raise ValueError(f'{p.name}: a pipelined MoE stack needs '
-                         f'moe_tpl.dropout_rate 0, got {mp.dropout_rate} '
-                         '(expert dropout is keyed by buffer slot, not by '
-                         'token)')
-      mp = mp.Copy().Set(dispatch_impl='einsum')
+      # What the MoE layer needs inside a pipeline body (its ForPipeline).
+      mp = p.moe_tpl.cls.ForPipeline(p.moe_tpl, p.name)
       for i in moe:
         layers[i].moe_tpl = mp
       pp.body_annotations = True

@@ -100,6 +100,13 @@ class BaseTask(base_layer.BaseLayer):
     del theta, input_generator
     return None
 
+  def TokenIdsKey(self, layer_name):
+    """The batch key ('src', 'tgt', 'ids', ...) of the token ids the layer
+    `layer_name` (its path below the task) sees one per position, or None
+    when this task does not say (tools/expert_usage.py)."""
+    del layer_name
+    return None
+
   def ComputePredictions(self, theta, input_batch, **kwargs):
     raise NotImplementedError(f'{type(self).__name__}.ComputePredictions')
 

@@ -104,6 +104,11 @@ class LMTask(base_model.BaseTask):
     """True when training uses the sampled softmax."""
     return bool(self.params.num_sampled) and not self.params.is_inference
 
+  def TokenIdsKey(self, layer_name):
+    """Every layer sees the word ids."""
+    del layer_name
+    return 'ids'
+
   def ComputePredictions(self, theta, input_batch, step=None,
                          example_offset=0):
     """NestedMap(logits [B, T, V] (or, sampled training: outputs [B, T, M]
@@ -128,7 +133,7 @@ class LMTask(base_model.BaseTask):
       x = Residual(x, layer.FProp(layer_theta, x, paddings_bt))
     moe_aux = NestedMap()
     if self.params.moe_tpl is not None:
-      # Routing noise is keyed by global word index (layers/moe/rng.py).
+      # Routing noise is keyed by global word index (layers/rng.py).
       token_offset = tf.cast(example_offset, tf.int64) * tf.shape(
           x, out_type=tf.int64)[1]
       y, moe_aux = self.moe.FProp(theta.moe, x, paddings_bt, step=step,

@@ -21,7 +21,7 @@ weighted by that layer (e.g. top2.MoELayer's `aux_loss_weights.group_aux` k). Me
 (name -> (value, weight)): `loss`, `xent`, `log_pplx` (unsmoothed
 per-token nll), `aux_loss` (the sum), `num_tgt_tokens`, `num_src_tokens`,
 and per MoE layer `{enc|dec}_layer_XXX_aux_loss` and
-`{enc|dec}_layer_XXX_<routing metric>` (routing_metrics.FlattenMetrics;
+`{enc|dec}_layer_XXX_<routing metric>` (nested_map.FlattenMetrics;
 per-expert metrics are vectors, which summaries write as histograms).
 
 The decoder refuses an MoE layer whose training routing is not causal
@@ -235,7 +235,7 @@ class TransformerMTModel(base_model.BaseTask):
       example_offset: global index of the batch's first example (a replica's
         share of a global batch starts at replica id x its batch): each
         stack's MoE layers key routing randomness by global token index,
-        offset = example_offset x that stack's length (layers/moe/rng.py), and
+        offset = example_offset x that stack's length (layers/rng.py), and
         dropout masks by global example (dropout.KeyedMasks).
       **kwargs: ignored.
     """
@@ -415,13 +415,17 @@ class TransformerMTModel(base_model.BaseTask):
     A GShard `random` (or `sampling`) second-expert policy becomes `all`:
     every token keeps its top-2 experts, as noisy gating drops its noise at
     inference. Their draws are keyed by the token's index in the batch
-    (layers/moe/rng.py), so a sentence would otherwise translate differently
+    (layers/rng.py), so a sentence would otherwise translate differently
     with other batch neighbours, padding or beam layout (decode vs export).
     """
     p = super().InferenceParams(task_params)
     # Each layer class says what it changes (MoEBase / MoELayer.ForInference).
     base_layer.ResolveParams(p, inference=True)
     return p
+
+  def TokenIdsKey(self, layer_name):
+    """Encoder layers see the source ids, decoder layers the target's."""
+    return {'enc': 'src', 'dec': 'tgt'}.get(layer_name.split('/')[0])
 
   def CreateDecoder(self, input_generator, train_input_generator=None):
     """An mt_decoder.MtDecoder: BLEU / chrF per language of `input_generator`

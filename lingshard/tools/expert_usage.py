@@ -56,15 +56,12 @@ from lingshard.data import lm_inputs
 from lingshard.layers import pipeline
 from lingshard.layers.moe import base as moe_base
 from lingshard.layers.moe import record as routing_record
-from lingshard.models import lm_model
-from lingshard.models import mt_model
 from lingshard.tools import cli
 from lingshard.train import checkpointer
 from lingshard.train import overrides
 
 CHOICES = ('first', 'all')
 # Batch key of the token ids a layer routes: MT stacks, an LM's one layer.
-_MT_SIDES = {'enc': 'src', 'dec': 'tgt'}
 _SIDE_NAMES = {'src': 'source tokens', 'tgt': 'target (decoder input) '
                'tokens', 'ids': 'input tokens'}
 NO_LANGUAGE = 'all'  # The language of batches without `lang` (eval_loop).
@@ -123,11 +120,8 @@ def MoeLayers(task):
     if not isinstance(layer, moe_base.MoEBase):
       continue
     name = layer.path[len(task.path) + 1:]
-    if isinstance(task, mt_model.TransformerMTModel):
-      side = _MT_SIDES[name.split('/')[0]]
-    elif isinstance(task, lm_model.LMTask):
-      side = 'ids'
-    else:
+    side = task.TokenIdsKey(name)
+    if side not in _SIDE_NAMES:
       raise UsageError(f'{type(task).__name__}: expert_usage knows the '
                        'token ids of TransformerMTModel and LMTask batches '
                        'only')

@@ -49,7 +49,6 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from lingshard.layers.moe import base as moe_base
 from lingshard.train import checkpointer
 
 _PREFIX = 'init_from_checkpoint_rules'
@@ -117,10 +116,8 @@ def ExpertWeights(task):
   of `task` (a pipeline's stacked weights have other paths: not listed)."""
   out = {}
   for layer in task.AllLayers():
-    if isinstance(layer, moe_base.MoEBase):
-      for name in layer.EXPERT_WEIGHTS:
-        if name in layer.weight_params:
-          out[f'{layer.path}/{name}'] = int(layer.params.num_experts)
+    for name, num_experts in layer.ExpertWeights().items():
+      out[f'{layer.path}/{name}'] = num_experts
   return out
 
 

@@ -6,7 +6,7 @@ of NestedMaps of tensors and the int64 number of updates done before this
 one. It calls `task.LossAndGradients` (THE step math), sums the
 replicas' shares of the global loss when there are several, clips by global norm, applies the optimizer
 with the scheduled learning rate (weights with a `count_update_rate`
-take the count rule of layers/moe/bias_balance.py instead), and refuses the update (returns the inputs)
+take their own `update_rule` instead, base_layer.WeightParams), and refuses the update (returns the inputs)
 when the loss, the gradients, the new weights or the new optimizer slots are
 not finite. Nothing in it reads or writes variables, so the same function is
 compiled whole by XLA (`jit=True`) on one device, run per replica under
@@ -25,7 +25,6 @@ import tensorflow as tf
 
 from lingshard import base_input
 from lingshard import sharding
-from lingshard.layers.moe import bias_balance
 from lingshard.nested_map import NestedMap
 from lingshard.optim import base as optim_base
 from lingshard.optim import schedules
@@ -68,10 +67,16 @@ class TrainStep:
     schedules.LearningRate(tp.lr_schedule, tp.learning_rate, tp.warmup_steps,
                            0)  # Validates the schedule name now.
     self.inject_nan_at_step = inject_nan_at_step
-    # Per theta leaf: None, or the rate of a weight updated from the counts
-    # in its gradient slot (layers/moe/bias_balance.py), not by the optimizer.
-    self.count_update_rates = bias_balance.CountUpdateRates(
-        task.DeclaredWeights())
+    # Per theta leaf: None, or the rate of a weight updated by its own
+    # rule from its gradient slot (e.g. the MoE selection bias's counts,
+    # layers/moe/bias_balance.py), not by the optimizer.
+    declared = task.DeclaredWeights().Flatten()
+    self.count_update_rates = [wp.count_update_rate for wp in declared]
+    self._update_rules = [wp.update_rule for wp in declared]
+    for rate, rule in zip(self.count_update_rates, self._update_rules):
+      if rate is not None and rule is None:
+        raise ValueError('a weight with count_update_rate needs an '
+                         'update_rule (base_layer.WeightParams)')
     # No autograph (sharding.Function): a configuration error raised while
     # tracing (e.g. pipeline.PipelineError) reaches the trainer as itself.
     self._compiled = sharding.Function(self.Pure, xla_compiled=jit,
@@ -164,8 +169,8 @@ class TrainStep:
     if counts:
       leaves, old = new_theta.Flatten(), theta.Flatten()
       for i, c in counts.items():
-        leaves[i] = bias_balance.UpdatedBias(old[i], c,
-                                             self.count_update_rates[i])
+        leaves[i] = self._update_rules[i].Updated(
+            old[i], c, self.count_update_rates[i])
       new_theta = new_theta.Pack(leaves)
     ok = tf.reduce_all(tf.stack([
         tf.math.is_finite(metrics.loss[0]), tf.math.is_finite(grad_norm),
@@ -196,7 +201,7 @@ def ExampleOffset(batch):
 
   strategies.DistributeBatch gives replica r rows [r b, (r + 1) b) of the
   global batch, so r b; 0 with one replica. Tasks key routing randomness by
-  global token (layers/moe/rng.py), so replicas route as one device would.
+  global token (layers/rng.py), so replicas route as one device would.
   """
   ctx = tf.distribute.get_replica_context()
   if ctx is None or ctx.num_replicas_in_sync == 1:

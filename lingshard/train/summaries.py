@@ -1,7 +1,7 @@
 """Observability: TensorBoard summaries, throughput and the progress line.
 
 Every metric a step returns is written under its own name (nested metric
-maps flatten with routing_metrics.FlattenMetrics, as the tasks' do):
+maps flatten with nested_map.FlattenMetrics, as the tasks' do):
 scalars as scalar summaries, vectors (e.g. an MoE layer's per-expert load)
 as a histogram plus one scalar per entry (`<name>/000`, ...), so both the
 shape of the load and each expert's curve are visible. Throughput (steps/s,
@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
-from lingshard.layers.moe import metrics as routing_metrics
+from lingshard import nested_map
 
 HISTOGRAM_BUCKETS = 30
 
@@ -139,7 +139,7 @@ class SummaryWriter:
       return
     values = {name: value for name, (value, _) in metrics_np.items()}
     with self._writer.as_default():
-      for name, value in routing_metrics.FlattenMetrics(values):
+      for name, value in nested_map.FlattenMetrics(values):
         value = np.asarray(value)
         if value.size == 1:
           WriteScalar(name, value.reshape(()), step)

@@ -175,6 +175,25 @@ def test_expert_count_changes_by_repeating_experts(prepared_dir, upcycled,
                             ).Apply(state.ThetaByPath(),
                                     init_rules.ExpertWeights(task))
   assert len(loaded) == len(state.ThetaByPath()) - 2  # All but 2 routers.
+  # The source's experts are all the dense FFN (upcycled), so whichever of
+  # the 16 experts its fresh router picks, the loaded model computes the
+  # 8-expert model's logits (dropless, both choices kept): every expert
+  # weight and bias of all 16 was loaded.
+  batch = base_input.NumericBatch(next(iter(run.model.GetInput()
+                                            .GetDataset())))
+  real = batch.tgt.paddings.numpy() == 0
+  for inference in (True, False):
+    sp, tp = run.params.task, params.task
+    if inference:
+      sp, tp = sp.cls.InferenceParams(sp), tp.cls.InferenceParams(tp)
+    else:
+      sp, tp = sp.Copy(), tp.Copy()
+      sp.moe_tpl.second_expert_policy = 'all'
+      tp.moe_tpl.second_expert_policy = 'all'
+    want = _Logits(sp, run.ThetaValues(), batch)
+    got = _Logits(tp, state.theta.Transform(lambda v: v.read_value()), batch)
+    np.testing.assert_allclose(got[real], want[real], rtol=1e-5,
+                               atol=1e-5 * np.abs(want).max())
   want = _Values(run.state.ThetaByPath())
   got = _Values(state.ThetaByPath())
   for name in ('wi', 'wo', 'bi', 'bo'):

@@ -6,7 +6,6 @@
                    expert capacity, `GateStats` (what every gate reports)
   dispatch.py      GShard Algorithm 2 einsums and the index-based gather
   metrics.py       routing metrics (load, importance, drops, CV)
-  rng.py           counter-based routing randomness (layout-invariant)
   record.py        an off-by-default record of each layer's routing per
                    [B, T] token, for analysis (tools/expert_usage.py)
   top2.py          GShard top-2 gating and `MoELayer`
@@ -17,5 +16,6 @@
   hierarchical.py  hierarchical MoE (Shazeer App. B) over the gates above
 
 Import the module you need (`from lingshard.layers.moe import top2`); this
-file imports nothing, so low-level users (dropout's use of rng) stay cheap.
+file imports nothing, so importing one module stays cheap. Routing
+randomness is `lingshard/layers/rng.py` (shared with dropout).
 """

@@ -31,7 +31,7 @@ keeps the FFN contract of ffn.py (the dense FFN's too):
   micro-batch) key the counter-based routing RNG, with the layer index of
   an enclosing `dropout.KeyedMasks` (a pipeline body's stack position), so
   random routing decisions do not depend on grouping, sharding or
-  micro-batching (layers/moe/rng.py).
+  micro-batching (layers/rng.py).
 - Inside `record.RoutingRecorder()` (off by default; analysis tools such
   as lingshard/tools/expert_usage.py) FProp also appends its routing,
   mapped back to [B, T] tokens, to the recorder (layers/moe/record.py).
@@ -67,8 +67,9 @@ from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers.moe import record as routing_record
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng as routing_rng
 from lingshard.layers.moe import shared as moe_shared
+from lingshard.layers.moe import training_hooks
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 
@@ -233,6 +234,21 @@ class MoEBase(base_layer.BaseLayer):
       return []
     p.dispatch_impl = AutoDispatchImpl(platform)
     return ['dispatch_impl']
+
+  # BaseLayer's training hooks (moe/training_hooks.py).
+  @classmethod
+  def ForPipeline(cls, p, owner):
+    return training_hooks.ForPipeline(p, owner)
+
+  def ExpertWeights(self):
+    return {name: int(self.params.num_experts) for name in self.EXPERT_WEIGHTS
+            if name in self.weight_params}
+
+  def CheckMeshFit(self, axis_size):
+    training_hooks.CheckMesh(self, axis_size)
+
+  def CheckTokensFit(self, tokens, where):
+    training_hooks.CheckTokens(self, tokens, where)
 
   @classmethod
   def ForInference(cls, p):

@@ -25,8 +25,9 @@ custom gradient for b is c). Gradients are already summed wherever the
 counts must be (a pipeline's micro-batches, replicas' CrossReplicaSum, an
 SPMD step's all-reduce), so the step receives the batch's counts in the
 bias's gradient. The step (train/step.py) gives such weights (WeightParams
-`count_update_rate` = gamma) no optimizer update and no share of the
-gradient norm, and applies `UpdatedBias` instead. The bias is a variable
+`count_update_rate` = gamma, `update_rule` = CountBalance) no optimizer
+update and no share of the gradient norm, and applies `UpdatedBias`
+instead. The bias is a variable
 of the layer: checkpointed and restored with the other weights.
 
 Off by default (`selection_bias_rate` 0: no variable); DeepSeek-V3 uses
@@ -54,7 +55,8 @@ def BiasWeightParams(p, layer_cls):
                      f'{p.selection_bias_rate}')
   return base_layer.WeightParams(
       [p.num_experts], init=WeightInit.Constant(0.0), trainable=False,
-      count_update_rate=float(p.selection_bias_rate))
+      count_update_rate=float(p.selection_bias_rate),
+      update_rule=CountBalance)
 
 
 def LoadCounts(expert_gsk, wanted_gsk, num_experts):
@@ -98,6 +100,10 @@ def UpdatedBias(bias, counts, rate):
   return bias + tf.cast(rate, bias.dtype) * tf.sign(mean - counts)
 
 
-def CountUpdateRates(declared):
-  """[gamma or None] per leaf of theta, from the task's DeclaredWeights()."""
-  return [wp.count_update_rate for wp in declared.Flatten()]
+class CountBalance:
+  """The bias's `update_rule` (base_layer.WeightParams): the train step's
+  update of a weight whose gradient slot holds the step's counts."""
+
+  @staticmethod
+  def Updated(bias, counts, rate):
+    return UpdatedBias(bias, counts, rate)

@@ -36,7 +36,7 @@ from lingshard.layers import base_layer
 from lingshard.layers.moe import noisy_top_k
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng as routing_rng
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 from lingshard.layers.moe import base as moe_base

@@ -37,6 +37,7 @@ parts' values.
 
 import tensorflow as tf
 
+from lingshard import nested_map
 from lingshard.nested_map import NestedMap
 
 
@@ -192,18 +193,4 @@ def WeightedMetrics(metrics, prefix):
   tokens = tf.cast(metrics.get('num_tokens', one), tf.float32)
   return [(name, (tf.cast(value, tf.float32),
                   one if name.endswith('num_tokens') else tokens))
-          for name, value in FlattenMetrics(metrics, prefix)]
-
-
-def FlattenMetrics(metrics, prefix=''):
-  """Sorted [(name, value)] of a (nested) dict/NestedMap, for summaries.
-
-  Nested keys join with '_' (`a.b[0]` -> `a_b_0`), after `prefix_` when a
-  prefix is given. Values keep their shape: scalars become scalar
-  summaries, per-expert vectors histograms (train/summaries.py).
-  """
-  out = []
-  for key, value in NestedMap(metrics).FlattenItems():
-    name = key.replace('.', '_').replace('[', '_').replace(']', '')
-    out.append((f'{prefix}_{name}' if prefix else name, value))
-  return sorted(out, key=lambda item: item[0])
+          for name, value in nested_map.FlattenMetrics(metrics, prefix)]

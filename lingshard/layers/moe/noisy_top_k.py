@@ -13,7 +13,7 @@ else the k-th largest. Wg and Wnoise start at zero (App. A, "Initial Load
 Imbalance"). Noise is added in training only; at inference G uses x Wg and
 Load falls back to the count of tokens per expert. Sums run over real
 (non-padding) tokens of the whole batch. The StandardNormal() draws come from
-the counter-based routing RNG (layers/moe/rng.py), one per (token, expert).
+the counter-based routing RNG (layers/rng.py), one per (token, expert).
 
 The layer (`NoisyTopKMoELayer`) dispatches each token to its k experts with
 the shared dispatch code. Shazeer et al. never drop tokens: the default
@@ -27,7 +27,7 @@ import tensorflow as tf
 from lingshard.layers import base_layer
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng as routing_rng
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 from lingshard.layers.moe import base as moe_base

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from lingshard.layers import base_layer
 from lingshard.layers.moe import base as moe_base
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng as routing_rng
 from lingshard.layers.moe import routing
 from lingshard.nested_map import NestedMap
 
@@ -201,7 +201,7 @@ class MoELayer(moe_base.MoEBase):
     """As MoEBase, and a `random` / `sampling` second-expert policy becomes
     `all`: every token keeps its top-2 experts, as noisy gating drops its
     noise at inference. Their draws are keyed by the token's index in the
-    batch (layers/moe/rng.py), so a sentence would otherwise translate
+    batch (layers/rng.py), so a sentence would otherwise translate
     differently with other batch neighbours, padding or beam layout."""
     keys = super().ForInference(p)
     p.second_expert_policy = 'all'

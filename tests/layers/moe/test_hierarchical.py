@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from lingshard.layers.moe import hierarchical
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng as routing_rng
 
 _Phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
 B, T, M, H, A, BB = 2, 24, 6, 8, 3, 4   # a = 3 groups of b = 4 experts.

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from lingshard.layers.moe import dispatch as moe_dispatch
 from lingshard.layers.moe import noisy_top_k
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng as routing_rng
 
 _Phi = np.vectorize(lambda z: 0.5 * math.erfc(-z / math.sqrt(2.0)))
 

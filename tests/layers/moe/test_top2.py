@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from lingshard.layers.moe import dispatch as moe_dispatch
-from lingshard.layers.moe import rng as routing_rng
+from lingshard.layers import rng as routing_rng
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import top2
 

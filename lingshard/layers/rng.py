@@ -1,6 +1,7 @@
-"""Counter-based routing randomness keyed by (seed, step, layer, token).
+"""Counter-based randomness keyed by (seed, stream, step, counter).
 
-MoE routing draws random numbers per token: the uniform `rnd` of GShard
+Used by every layer that draws per element: dropout (layers/dropout.py,
+its element index as counter) and MoE routing, which draws per token: the uniform `rnd` of GShard
 Algorithm 1 line 17 (random second expert), Gumbel noise for the `sampling`
 second-expert policy and the StandardNormal() of Shazeer et al. eq. (4). A
 draw must be a function of *which* token it is, not of where the token sits:
@@ -29,6 +30,7 @@ STREAM_SECOND_EXPERT = 1      # GShard Algorithm 1 line 17, `random` policy.
 STREAM_GUMBEL = 2             # `sampling` second-expert policy.
 STREAM_NOISE = 3              # Shazeer eq. (4) StandardNormal().
 STREAM_NOISE_SECONDARY = 4    # Hierarchical MoE secondary gates.
+STREAM_DROPOUT = 5            # layers/dropout.py masks.
 
 _M1 = 0x21F0AAAD
 _M2 = 0x735A2D97

@@ -1,9 +1,10 @@
-"""Counter-based routing RNG: a pure function of (seed, stream, step, token)."""
+"""Counter-based RNG (layers/rng.py): a pure function of (seed, stream,
+step, token)."""
 
 import numpy as np
 import tensorflow as tf
 
-from lingshard.layers.moe import rng as rr
+from lingshard.layers import rng as rr
 
 
 def _U(idx, seed=7, stream=rr.STREAM_SECOND_EXPERT, step=3, num_sub=None):
