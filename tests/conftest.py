@@ -85,6 +85,8 @@ _LONG_FILES = (
     'tests/trainer/test_trainer_export_e2e.py',
     'tests/layers/test_pipeline.py',
     'tests/layers/test_pipeline_moe.py',
+    'tests/layers/test_pipeline_circular_moe.py',
+    'tests/layers/test_pipeline_circular.py',
     'tests/test_readme_spmd.py',
     'tests/trainer/test_multi_host.py',
     'tests/spmd/test_check_model_input.py',
