@@ -241,10 +241,18 @@ class TinyMoEPipelinedCircular(TinyMoEPipelined):
   """TinyMoEPipelined with the circular schedule, R = 2: 8 + 8 layers
   (twice as deep: 4 (dense, MoE) bodies per stack, so that each of the
   K = 2 stages holds 2 chunks of one body), the same [2, 2, 2] mesh, M = 4,
-  groups and expert sharding."""
+  groups and expert sharding.
+
+  random_seed 1: with the default 1234 one near-tied routing decision of
+  this 16-layer model comes out differently in the partitioned and the
+  one-device program of `spmd_check` (one token's expert in one layer: an
+  error of 1e-2 of the largest moe.wi gradient in 260 of its 1M entries),
+  for fill-drain exactly as for circular: the depth, not the schedule.
+  """
 
   def Task(self):
     p = super().Task()
+    p.random_seed = 1
     p.num_encoder_layers = p.num_decoder_layers = 8
     p.pipeline_tpl.schedule = pipeline_schedule.Circular.Params().Set(
         repeats=TINY_CIRCULAR_REPEATS)
