@@ -8,7 +8,8 @@ stacked [K, S, ...] weights and bodies of different shapes
 body's aux over layers and micro-batches (pipeline_aux), cost-based stage
 splits (pipeline_partition), one FProp's state and the micro-batch layout
 (pipeline_run: micro-batches are blocked within data shards, so an MoE
-body's groups are the unpipelined model's). This module is the schedule.
+body's groups are the unpipelined model's), the schedule object
+(pipeline_schedule). This module is the unrolled runner.
 
 The schedule is an object (`schedule`, pipeline_schedule: which
 micro-batch and which layer chunk each stage works on in iteration t, what
@@ -24,8 +25,9 @@ read it, and each step returns its values. Unrolled (the XLA SPMD path):
       state = Shift(Entering(t + 1, last), out, t + 1)
     y = last[OutputIterations]
 
-Fill-drain (GPipe §2.2): N = M + K - 1, stage k on micro-batch t - k, all
-its layers; Entering(t) = input t (bubble from M on); y = last[K - 1:].
+(Only the last stages' outputs that are used are computed.) Fill-drain
+(GPipe §2.2): N = M + K - 1, stage k on micro-batch t - k, all its
+layers; Entering(t) = input t (bubble from M on); y = last[K - 1:].
 Circular(R): stage k holds chunks k, k + K, ..., k + (R - 1) K; N = R M +
 K - 1, stage k on micro-batch (t - k) % M, chunk (t - k) // M;
 Entering(t) = input t for t < M, else last[t - M + K - 1] (the micro-batch
@@ -387,7 +389,10 @@ class PipelinedLayer(base_layer.BaseLayer):
     run = pipeline_run.Run(
         self, self.ShardTheta(theta.Transform(_DenseGradient)),
         [inputs, paddings] + list(extras), m, step, token_offset)
-    tables = pipeline_schedule.Tables(self.schedule, m, p.num_stages)
+    try:
+      tables = pipeline_schedule.Tables(self.schedule, m, p.num_stages)
+    except pipeline_schedule.ScheduleError as e:
+      raise PipelineError(f'{p.name}: {e}') from None
     if p.remat and p.loop:
       outputs, aux_rows = pipeline_loop.LoopedSchedule(
           self, run, tables).Outputs()

@@ -59,8 +59,8 @@ class Tables:
     self.enter_src = np.array([e[1] for e in enter], np.int64)
     self.outputs = np.asarray(schedule.OutputIterations(m, k), np.int64)
     if any((s >= t) for t, s in enumerate(self.enter_src)):
-      raise ScheduleError('a schedule feeds stage 0 an output of the same '
-                          'or a later iteration')
+      raise ScheduleError(f'schedule {schedule!r} feeds stage 0 an output '
+                          'of the same or a later iteration')
 
   @property
   def recirculates(self):

@@ -3,6 +3,7 @@ last first. It runs in both runners (unrolled and the while loops) and
 trains exactly as fill-drain does (same math, another order)."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from lingshard.layers import pipeline
@@ -57,3 +58,20 @@ def test_a_user_schedule_trains_as_fill_drain():
   for loop in (True, False):
     got = _Train(LastFirst.Params(), loop)
     np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+class _FeedsItsOwnOutput(LastFirst):
+  def Entering(self, t, m, k):
+    return super().Entering(t, m, k)[0], t
+
+
+def test_a_schedule_that_reads_an_output_before_it_exists_is_one_line():
+  layer = pipeline.PipelinedLayer.Params().Set(
+      name='stack', num_layers=2, num_stages=2, num_micro_batches=2,
+      schedule=_FeedsItsOwnOutput.Params(),
+      body_tpl=pipeline_testlib.MlpBody.Params()).Instantiate()
+  with pytest.raises(pipeline.PipelineError, match=(
+      r'^stack: schedule _FeedsItsOwnOutput feeds stage 0 an output of the '
+      r'same or a later iteration$')):
+    layer.FProp(layer.theta, np.zeros([4, 3, 4], np.float32),
+                np.zeros([4, 3], np.float32), np.zeros([4, 4], np.float32))
