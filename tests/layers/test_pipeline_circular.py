@@ -121,3 +121,25 @@ def test_bad_circular_configs_are_one_line_errors():
   assert ('schedule.cls : type/lingshard.layers.pipeline_schedule/Circular'
           in p.ToText())
   assert 'schedule.repeats : 0' in p.ToText()
+
+
+def test_batch_norm_moments_are_fill_drains_layer_by_layer():
+  """Batch norm uses micro-batch statistics: the circular pipeline's
+  per-layer moments (each chunk's aux credited to its own layers) are
+  fill-drain's."""
+  x, pad, ctx, _ = _Inputs()
+  got = []
+  for schedule in (_Circular(), pipeline_schedule.FillDrain.Params()):
+    layer = pipeline.PipelinedLayer.Params().Set(
+        name='stack', num_layers=4, num_stages=2, num_micro_batches=2,
+        remat=False, schedule=schedule,
+        body_tpl=pipeline_testlib.MlpBody.Params().Set(
+            dim=_D, batch_norm=True)).Instantiate()
+    y, aux = layer.FProp(layer.theta, x, pad, ctx, step=tf.constant(_STEP))
+    got.append((y.numpy(), [m.count.numpy() for m in aux.moments],
+                tf.nest.flatten(aux.moments)))
+  np.testing.assert_allclose(got[0][0], got[1][0], rtol=1e-5, atol=1e-6)
+  # Each layer saw the 8 rows' real positions once.
+  assert got[0][1] == got[1][1] == [float((pad == 0).sum())] * 4
+  for a, b in zip(got[0][2], got[1][2]):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
