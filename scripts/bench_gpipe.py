@@ -36,8 +36,18 @@ The measured wall-clock speedup on K virtual CPU devices is printed too;
 the K virtual devices share this machine's cores, so it is bounded by the
 number of cores, not by K.
 
-Prints the tables, writes gpipe_memory.csv, gpipe_efficiency.csv and (with
-matplotlib) gpipe.png.
+(c) Schedule (`--parts=schedule`): the step time of fill-drain against the
+circular schedule (pipeline_schedule.Circular, R = 2, 4 layer chunks per
+stage) at each K and M, L = --sched_layers, remat and the while-loop
+runner (the default path). Every program is compiled first, then their
+timed runs are interleaved (round-robin, median of --run_reps), so a
+change in the machine's load hits all alike. Circular runs R M + K - 1
+iterations of 1/R of a stage's layers, fill-drain M + K - 1 of all of
+them: the predicted time ratio is ((R M + K - 1) / R) / (M + K - 1). XLA's
+temp memory of each program is printed with it.
+
+Prints the tables, writes gpipe_memory.csv, gpipe_efficiency.csv,
+gpipe_schedule.csv and (with matplotlib) gpipe.png.
 """
 
 import csv
@@ -52,7 +62,14 @@ FLAGS = flags.FLAGS
 flags.DEFINE_bool('quick', False, 'A small subset: L in {4, 16}, M in {1, '
                   '8}; K in {2, 4}, M in {1, 8}.')
 flags.DEFINE_list('parts', ['memory', 'efficiency'],
-                  'Which tables to measure: memory, efficiency.')
+                  'Which tables to measure: memory, efficiency, schedule.')
+flags.DEFINE_list('sched_stages', ['2', '4'], 'K of the schedule table.')
+flags.DEFINE_list('sched_micro_batches', ['4', '8'],
+                  'M of the schedule table.')
+flags.DEFINE_list('sched_repeats', ['2', '4'],
+                  'R of the circular rows of the schedule table.')
+flags.DEFINE_integer('sched_layers', 16, 'L of the schedule table (a '
+                     'multiple of every K R).')
 flags.DEFINE_list('mem_layers', ['4', '8', '16'], 'L of the memory table.')
 flags.DEFINE_list('mem_micro_batches', ['1', '2', '4', '8'],
                   'M of the memory table.')
@@ -82,10 +99,11 @@ MAX_DEVICES = 8
 
 
 def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
-                 loop=True):
+                 loop=True, repeats=None):
   # pylint: disable=g-import-not-at-top
   import numpy as np
   from lingshard.layers import pipeline
+  from lingshard.layers import pipeline_schedule
   from lingshard.layers import transformer
   from lingshard.layers.moe import top2
   # pylint: enable=g-import-not-at-top
@@ -104,6 +122,8 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
       name='stack', body_tpl=body, num_layers=num_layers,
       num_stages=num_stages, num_micro_batches=num_micro_batches,
       remat=remat, loop=loop)
+  if repeats is not None:
+    p.schedule = pipeline_schedule.Circular.Params().Set(repeats=repeats)
   if num_stages > 1:
     p.device_mesh = np.arange(num_stages)
     p.stage_mesh_axis = 0
@@ -111,8 +131,9 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
 
 
 def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
-             batch_size=None, loop=True):
-  """Partitions one train step; returns (CheckResult, median run seconds)."""
+             batch_size=None, loop=True, repeats=None):
+  """Partitions one train step; returns (CheckResult, median run seconds),
+  or with run='later' (CheckResult, fn() -> one run's seconds)."""
   # pylint: disable=g-import-not-at-top
   import numpy as np
   import tensorflow as tf
@@ -121,7 +142,7 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
   layer = _LayerParams(num_layers, num_stages, num_micro_batches,
-                       remat, loop).Instantiate()
+                       remat, loop, repeats).Instantiate()
   n, t, m = batch_size or FLAGS.batch_size, FLAGS.seq_len, FLAGS.model_dim
   rng = np.random.RandomState(0)
   inputs = NestedMap(
@@ -151,12 +172,15 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
     shapes = [np.shape(v) for v in NestedMap(
         loss=np.zeros([]), grads=inputs.theta).Flatten()]
     exe.Run(values, shapes)  # Warm-up.
-    times = []
-    for _ in range(FLAGS.run_reps):
+
+    def Once():
       start = time.perf_counter()
       exe.Run(values, shapes)
-      times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
+      return time.perf_counter() - start
+
+    if run == 'later':
+      return result, Once
+    seconds = statistics.median([Once() for _ in range(FLAGS.run_reps)])
   return result, seconds
 
 
@@ -202,6 +226,37 @@ def _EfficiencyRows(stages, micro_batches):
           all_gathers=kinds['all-gather']))
       print(f'# efficiency K={k} M={mb}: {r.flops:,.0f} FLOPs/device, '
             f'{seconds:.3f}s', flush=True)
+  return rows
+
+
+def _ScheduleRows(stages, micro_batches, repeats):
+  """Fill-drain vs circular R per (K, M): every program compiled first,
+  then the timed runs interleaved round-robin."""
+  programs = []
+  for k in stages:
+    for mb in micro_batches:
+      for r in [None] + repeats:
+        result, once = _Measure(FLAGS.sched_layers, k, mb, True, run='later',
+                                repeats=r)
+        programs.append(((k, mb, r), result, once))
+        print(f'# schedule K={k} M={mb} R={r or 1}: compiled', flush=True)
+  times = {key: [] for key, _, _ in programs}
+  for _ in range(FLAGS.run_reps):
+    for key, _, once in programs:
+      times[key].append(once())
+  seconds = {key: statistics.median(ts) for key, ts in times.items()}
+  rows = []
+  for (k, mb, r), result, _ in programs:
+    base = seconds[(k, mb, None)]
+    rr = r or 1
+    rows.append(dict(
+        stages=k, micro_batches=mb,
+        schedule='fill-drain' if r is None else f'circular R={r}',
+        iterations=rr * mb + k - 1, bubble=(k - 1) / (rr * mb + k - 1),
+        seconds=seconds[(k, mb, r)],
+        measured_ratio=seconds[(k, mb, r)] / base,
+        predicted_ratio=(rr * mb + k - 1) / rr / (mb + k - 1),
+        temp=result.memory['temp']))
   return rows
 
 
@@ -288,16 +343,26 @@ def main(argv):
   if bad:
     raise app.UsageError(f'--stages {bad}: K must be <= {MAX_DEVICES} and '
                          f'divide --eff_layers {FLAGS.eff_layers}')
+  sched = [[int(x) for x in v] for v in (
+      FLAGS.sched_stages, FLAGS.sched_micro_batches, FLAGS.sched_repeats)]
+  bad = [(k, r) for k in sched[0] for r in sched[2]
+         if k > MAX_DEVICES or FLAGS.sched_layers % (k * r)
+         or min(sched[1]) < k]
+  if 'schedule' in FLAGS.parts and bad:
+    raise app.UsageError(f'--sched_stages x --sched_repeats {bad}: K must be '
+                         f'<= {MAX_DEVICES} and <= every M, K R divide '
+                         f'--sched_layers {FLAGS.sched_layers}')
   start = time.time()
   mem_rows = (_MemoryRows(mem_layers, mem_mb) if 'memory' in FLAGS.parts
               else [])
   eff_rows = (_EfficiencyRows(stages, mbs) if 'efficiency' in FLAGS.parts
               else [])
-  _Report(mem_rows, eff_rows)
+  sched_rows = (_ScheduleRows(*sched) if 'schedule' in FLAGS.parts else [])
+  _Report(mem_rows, eff_rows, sched_rows)
   print(f'\n{time.time() - start:.0f}s in all')
 
 
-def _Report(mem_rows, eff_rows):
+def _Report(mem_rows, eff_rows, sched_rows=()):
   """Prints the tables, writes the CSVs and the PNG."""
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   prefix = 'gpipe' if FLAGS.body == 'dense' else 'gpipe_moe'
@@ -323,6 +388,16 @@ def _Report(mem_rows, eff_rows):
                    'all_gathers'))
     _WriteCsv(os.path.join(FLAGS.out_dir, f'{prefix}_efficiency.csv'),
               eff_rows)
+  if sched_rows:
+    _PrintTable(
+        f'(c) schedule, L = {FLAGS.sched_layers}, remat, while loops; '
+        'ratio = step time / fill-drain\'s, interleaved runs; predicted = '
+        '((R M + K - 1) / R) / (M + K - 1)',
+        sched_rows, ('stages', 'micro_batches', 'schedule', 'iterations',
+                     'bubble', 'seconds', 'measured_ratio',
+                     'predicted_ratio', 'temp'))
+    _WriteCsv(os.path.join(FLAGS.out_dir, f'{prefix}_schedule.csv'),
+              sched_rows)
   if mem_rows and eff_rows:
     _Plot(mem_rows, eff_rows, os.path.join(FLAGS.out_dir, f'{prefix}.png'))
 

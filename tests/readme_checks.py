@@ -363,9 +363,9 @@ def _Runnable(command):
 
 
 # -------------------------------------------------------------- groups
-GROUPS = ('mt', 'spmd', 'gpipe', 'lm', 'reproduce')
+GROUPS = ('mt', 'spmd', 'gpipe', 'gpipe_circular', 'lm', 'reproduce')
 # Groups whose commands read the prepared MT corpus (data/ui_m4).
-NEEDS_CORPUS = ('spmd', 'gpipe', 'reproduce')
+NEEDS_CORPUS = ('spmd', 'gpipe', 'gpipe_circular', 'reproduce')
 
 
 def Group(command):
@@ -375,6 +375,8 @@ def Group(command):
     return 'reproduce'
   if command.key == 'lingshard.data.lm_prepare' or model.startswith('lm1b.'):
     return 'lm'
+  if model.startswith('gpipe.') and model.endswith('Circular'):
+    return 'gpipe_circular'  # Minutes of spmd_check: a worker of its own.
   if model.startswith('gpipe.'):
     return 'gpipe'
   if command.key in ('lingshard.tools.spmd_check',

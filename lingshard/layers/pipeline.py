@@ -8,17 +8,30 @@ stacked [K, S, ...] weights and bodies of different shapes
 body's aux over layers and micro-batches (pipeline_aux), cost-based stage
 splits (pipeline_partition), one FProp's state and the micro-batch layout
 (pipeline_run: micro-batches are blocked within data shards, so an MoE
-body's groups are the unpipelined model's). This module is the schedule.
+body's groups are the unpipelined model's), the schedule object
+(pipeline_schedule). This module is the unrolled runner.
 
-The schedule (GPipe §2, fill-drain; the XLA SPMD path), each step a hook a
-subclass may override to run another schedule:
+The schedule is an object (`schedule`, pipeline_schedule: which
+micro-batch and which layer chunk each stage works on in iteration t, what
+enters stage 0, the shift, which outputs are real); both runners below
+read it, and each step returns its values. Unrolled (the XLA SPMD path):
 
-    state = Shift(Entering(0), zeros [K, b, ...])
-    for i in range(NumIterations(M, K)):             # M + K - 1
-      stage_mb = StageMicroBatches(i, M, K)          # [K]; -1 = bubble
-      out, aux = RunStages(theta, state, stage_mb)   # every stage, its S slots
-      Collect(i, out, aux, stage_mb)                 # last stage: mb i - K + 1
-      state = Shift(Entering(i + 1), out)            # stage k -> stage k + 1
+    state = Shift(Entering(0), zeros [K, b, ...], 0)
+    for t in range(N):
+      mb, chunk = StageWork(t)                     # [K]; mb -1 = bubble
+      out, aux, token = RunStages(theta, state, mb, chunk, token)
+      last[t] = sum_k(out * [k == K - 1])          # the last stage's output
+      rows[t] = (aux, real slots, their layers)
+      state = Shift(Entering(t + 1, last), out, t + 1)
+    y = last[OutputIterations]
+
+(Only the last stages' outputs that are used are computed.) Fill-drain
+(GPipe §2.2): N = M + K - 1, stage k on micro-batch t - k, all its
+layers; Entering(t) = input t (bubble from M on); y = last[K - 1:].
+Circular(R): stage k holds chunks k, k + K, ..., k + (R - 1) K; N = R M +
+K - 1, stage k on micro-batch (t - k) % M, chunk (t - k) // M;
+Entering(t) = input t for t < M, else last[t - M + K - 1] (the micro-batch
+goes round again); y = last[(R - 1) M + K - 1:]. Bubble (K - 1) / N.
 
 The state [K, b, ...] (K over `stage_mesh_axis`, b over `batch_mesh_axis`)
 holds each stage's current input (x, paddings and the per-example
@@ -34,7 +47,7 @@ With remat and `loop=True` (the default) the loop is a forward and a
 hand-written backward `tf.while_loop` (pipeline_loop): the program holds
 one iteration of each, whatever M and K. Otherwise (`loop=False`, or
 without remat) the loop above is a static Python loop: the program holds
-all M + K - 1 iterations (XLA's cost analysis then counts each).
+all N iterations (XLA's cost analysis then counts each).
 
 Re-materialisation (GPipe §2.3, `remat=True`, pipeline_remat): each
 iteration's stages run vectorised over K (`tf.vectorized_map` over the
@@ -79,6 +92,7 @@ from lingshard.layers import pipeline_loop
 from lingshard.layers import pipeline_partition
 from lingshard.layers import pipeline_remat
 from lingshard.layers import pipeline_run
+from lingshard.layers import pipeline_schedule
 from lingshard.layers import pipeline_stages
 from lingshard.layers import pipeline_weights
 from lingshard.layers import remat
@@ -105,6 +119,10 @@ class PipelinedLayer(base_layer.BaseLayer):
              'M: micro-batches per mini-batch (or set micro_batch_size).')
     p.Define('micro_batch_size', None,
              'b: examples per micro-batch (or set num_micro_batches).')
+    p.Define('schedule', pipeline_schedule.FillDrain.Params(),
+             'The schedule (pipeline_schedule): FillDrain (GPipe), '
+             'Circular (repeats R: stage k holds layer chunks k, k + K, ..., '
+             'bubble (K - 1) / (R M + K - 1)), or a subclass.')
     p.Define('remat', True, 'Recompute each stage forward in backprop.')
     p.Define('loop', True,
              'With remat: run the schedule as a forward and a backward '
@@ -149,9 +167,13 @@ class PipelinedLayer(base_layer.BaseLayer):
       if value is not None and value <= 0:
         raise PipelineError(f'{p.name}: {name} must be > 0, got {value}')
     self._CheckMesh()
+    schedule = p.schedule.Instantiate()
+    self.__dict__['_schedule'] = schedule
+    self._CheckSchedule(p.num_micro_batches)
     body, layer_wps = self._CreateBody()
     stack = pipeline_weights.StackedWeights(
-        self._ComputeSplits(layer_wps), body.DeclaredWeights(), layer_wps)
+        self._ComputeSplits(layer_wps), body.DeclaredWeights(), layer_wps,
+        schedule.repeats)
     self.__dict__['_body'] = body
     self.__dict__['_stack'] = stack
     stack.Declare(self, p.stage_mesh_axis)
@@ -203,12 +225,20 @@ class PipelinedLayer(base_layer.BaseLayer):
                           f'the mesh axis {p.stage_mesh_axis} of size {size}; '
                           f'set num_stages to {size}')
 
+  def _CheckSchedule(self, m):
+    p = self.params
+    try:
+      self.schedule.Check(p.name, p.num_layers, p.num_stages, m)
+    except pipeline_schedule.ScheduleError as e:
+      raise PipelineError(str(e)) from None
+
   def _ComputeSplits(self, layer_wps):
+    """K R layer counts per chunk (R = 1: per stage)."""
     p = self.params
     try:
       return pipeline_partition.StageSplits(
-          p.name, p.num_stages, p.num_layers, p.stage_splits, p.layer_costs,
-          layer_wps)
+          p.name, p.num_stages * self.schedule.repeats, p.num_layers,
+          p.stage_splits, p.layer_costs, layer_wps)
     except pipeline_partition.PartitionError as e:
       raise PipelineError(str(e)) from None
 
@@ -222,8 +252,18 @@ class PipelinedLayer(base_layer.BaseLayer):
     differ from the stacked (widest) shape when body_tpl lists layers."""
     return [list(wps[key].shape) for wps in self._stack.layer_wps]
 
+  @property
+  def schedule(self):
+    """The schedule object (pipeline_schedule)."""
+    return self.__dict__['_schedule']
+
   def StageSplits(self):
-    """Layers per stage (K ints)."""
+    """Layers per stage (K ints; with R chunks per stage, their sum)."""
+    k = self.params.num_stages
+    return [sum(self._stack.splits[st::k]) for st in range(k)]
+
+  def ChunkSplits(self):
+    """Layers per chunk (K R ints, chunk r K + k on stage k)."""
     return list(self._stack.splits)
 
   def LayerThetas(self, theta):
@@ -269,6 +309,7 @@ class PipelinedLayer(base_layer.BaseLayer):
                           f'examples do not split over the {d} data shards '
                           f'of batch_mesh_axis {p.batch_mesh_axis}; use a '
                           f'batch divisible by {m * d}')
+    self._CheckSchedule(m)
     return m
 
   def DataShards(self):
@@ -345,72 +386,58 @@ class PipelinedLayer(base_layer.BaseLayer):
       raise PipelineError(f'{p.name}: the batch dim of the inputs must be '
                           'static')
     m = self._NumMicroBatches(int(batch))
-    k = p.num_stages
     run = pipeline_run.Run(
         self, self.ShardTheta(theta.Transform(_DenseGradient)),
         [inputs, paddings] + list(extras), m, step, token_offset)
+    try:
+      tables = pipeline_schedule.Tables(self.schedule, m, p.num_stages)
+    except pipeline_schedule.ScheduleError as e:
+      raise PipelineError(f'{p.name}: {e}') from None
     if p.remat and p.loop:
-      outputs, aux_rows = pipeline_loop.LoopedSchedule(self, run).Outputs()
+      outputs, aux_rows = pipeline_loop.LoopedSchedule(
+          self, run, tables).Outputs()
       return run.Unblock(outputs), self._PerLayerAux(aux_rows)
-    state = [self.Shift(e, b)
-             for e, b in zip(self.Entering(run, 0), run.BubbleState())]
-    n = self.NumIterations(m, k)
-    for i in range(n):
-      stage_mb = self.StageMicroBatches(i, m, k)
-      out, aux_list = self.RunStages(run, state, stage_mb)
-      self.Collect(run, i, out, aux_list, stage_mb)
-      if i + 1 < n:
-        state = [self.Shift(e, t) for e, t in
-                 zip(self.Entering(run, i + 1), [out] + state[1:])]
-    return run.Unblock(tf.stack(run.outputs)), self._PerLayerAux(run.aux_rows)
+    shift = self.schedule.Shift
+    state = [shift(self, e, b, 0) for e, b in
+             zip(self.Entering(run, tables, 0, {}), run.BubbleState())]
+    token, last, aux_rows, needed = run.token, {}, [], tables.Needed()
+    for t in range(tables.n):
+      out, aux_list, token = self.RunStages(run, state, tables.mb[t],
+                                            tables.chunk[t], token)
+      if t in needed:
+        last[t] = self.LastStage(run, out)
+      aux_rows.append(pipeline_stages.AuxRow(self, aux_list, tables.mb[t],
+                                             tables.chunk[t]))
+      if t + 1 < tables.n:
+        state = [shift(self, e, s, t + 1) for e, s in
+                 zip(self.Entering(run, tables, t + 1, last),
+                     [out] + state[1:])]
+    outputs = tf.stack([last[t] for t in tables.outputs.tolist()])
+    return run.Unblock(outputs), self._PerLayerAux(aux_rows)
 
-  # ----------------------------------------------------- the schedule hooks
-  def NumIterations(self, m, k):
-    """Fill-drain: M + K - 1 iterations (GPipe §2.2)."""
-    return m + k - 1
+  # ------------------------------------------------------------ the steps
+  def Entering(self, run, tables, t, last):
+    """Per stream the tensor entering stage 0 in iteration t: the
+    schedule's micro-batch (bubble: zeros with paddings 1), its x the
+    last stage's output `last[source]` when the schedule recirculates."""
+    mb, source = int(tables.enter_mb[t]), int(tables.enter_src[t])
+    if mb < 0:
+      return list(run.bubble)
+    streams = [s[mb] for s in run.micro]
+    if source >= 0:
+      streams[0] = last[source]
+    return streams
 
-  def StageMicroBatches(self, i, m, k):
-    """[K] int: the micro-batch stage k works on in iteration i, or -1 in
-    the bubble (fill-drain: stage k runs micro-batch i - k)."""
-    return np.array([i - st if 0 <= i - st < m else -1 for st in range(k)],
-                    np.int64)
+  def LastStage(self, run, out):
+    """[b, ...]: the last stage's output of out [K, b, ...]. A masked sum
+    over K, not a slice: XLA SPMD makes it an all-reduce (a slice of the
+    split dim and its gradient become all-to-alls)."""
+    return tf.reduce_sum(out * run.last_mask, 0)
 
-  def Entering(self, run, i):
-    """The tensors entering stage 0 in iteration i (after M: the bubble's
-    micro-batch, zeros with paddings 1)."""
-    if i < run.m:
-      return [t[i] for t in run.micro]
-    return list(run.bubble)
-
-  def Shift(self, entering, t):
-    """[entering, t[0], ..., t[K-2]]: stage k+1 gets stage k's tensor.
-
-    A pad-and-slice along K (XLA SPMD: a collective-permute when K is split)
-    and a select of stage 0 (the entering micro-batch).
-    """
-    k, rank = self.params.num_stages, t.shape.rank
-    shifted = tf.pad(t, [[1, 0]] + [[0, 0]] * (rank - 1))[:k]
-    first = np.zeros([k] + [1] * (rank - 1), bool)
-    first[0] = True
-    out = tf.where(tf.constant(first),
-                   tf.broadcast_to(entering[tf.newaxis], tf.shape(t)),
-                   shifted)
-    return self.ShardState(out)
-
-  def Collect(self, run, i, out, aux_list, stage_mb):
-    """Keeps the last stage's output (micro-batch i - K + 1) and the aux
-    of every stage that worked on a real micro-batch."""
-    k = self.params.num_stages
-    if i >= k - 1:
-      # A masked sum over K, not a slice: XLA SPMD makes it an all-reduce
-      # (a slice of the split dim and its gradient become all-to-alls).
-      run.outputs.append(tf.reduce_sum(out * run.last_mask, 0))
-    run.aux_rows.append((aux_list,
-                         pipeline_stages.ValidSlots(self, stage_mb)))
-
-  def RunStages(self, run, state, stage_mb):
-    """Every stage's S slots on its state, vectorised over K; returns
-    (outputs [K, b, ...], per slot the aux NestedMap, leaves [K, ...]).
+  def RunStages(self, run, state, stage_mb, stage_chunk, token):
+    """Every stage's chunk on its state, vectorised over K; returns
+    (outputs [K, b, ...], per slot the aux NestedMap, leaves [K, ...],
+    the next ordering token (pipeline_remat)).
 
     Dropout keys: row r of micro-batch i is example run.rows[i, r]; a
     stage in the bubble uses micro-batch 0's keys (its outputs are
@@ -419,14 +446,14 @@ class PipelinedLayer(base_layer.BaseLayer):
     p = self.params
     one_stage, over_stages = pipeline_stages.StageFunctions(self, run)
     theta_leaves = run.theta.Flatten()
-    consts = pipeline_stages.StageConstants(self, run, stage_mb)
+    consts = pipeline_stages.StageConstants(self, run, stage_mb, stage_chunk)
     elems = theta_leaves + state
     if self.params.remat:
       results = pipeline_remat.RematStages(
           lambda ins: over_stages('forward', one_stage, ins),
           lambda ins, dys: pipeline_remat.StagesVjp(over_stages, one_stage,
                                                     ins, dys),
-          elems, consts, run.token, len(theta_leaves))
+          elems, consts, token, len(theta_leaves))
     else:
       # No remat: TF differentiates a loop over the K stages (activations
       # are kept). Not vectorised: TF's gradient of pfor ops can need XLA
@@ -438,8 +465,8 @@ class PipelinedLayer(base_layer.BaseLayer):
       results = [tf.stack(list(ts)) for ts in zip(*outs)]
     out = self.ShardState(results[0])
     # A zero that depends on this iteration's output (pipeline_remat).
-    run.token = remat.OpaqueZero(out)
-    return out, pipeline_stages.PackAux(run, results[1:])
+    return out, pipeline_stages.PackAux(run, results[1:]), remat.OpaqueZero(
+        out)
 
   # ------------------------------------------------------------- helpers
   def AnnotateLeading(self, t, leading, replicated=False):
@@ -471,8 +498,7 @@ class PipelinedLayer(base_layer.BaseLayer):
   def _PerLayerAux(self, aux_rows):
     """L auxes, each combined over its micro-batches, from the
     iterations' aux (stages in the bubble dropped)."""
-    per_layer = pipeline_aux.PerLayer(aux_rows, self._stack.layer_ids,
-                                      self.params.num_layers)
+    per_layer = pipeline_aux.PerLayer(aux_rows, self.params.num_layers)
     return [self._CombineMicroBatches(values) for values in per_layer]
 
   def _CombineMicroBatches(self, values):

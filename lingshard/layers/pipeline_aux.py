@@ -126,12 +126,13 @@ def CombineLayers(per_layer):
   return out
 
 
-def PerLayer(aux_rows, layer_ids, num_layers):
-  """L lists (one aux per real micro-batch) from a pipeline's iterations:
-  aux_rows = [(per slot an aux with leaves [K, ...], weights [K, S] (0 =
-  bubble or padded slot))]; layer_ids [K, S] the layer of each slot."""
+def PerLayer(aux_rows, num_layers):
+  """L lists (one aux per real micro-batch, in iteration order) from a
+  pipeline's iterations: aux_rows = [(per slot an aux with leaves [K, ...],
+  weights [K, C] (0 = bubble or padded slot), layer_ids [K, C] the layer
+  each slot ran)]."""
   per_layer = [[] for _ in range(num_layers)]
-  for aux_list, weights in aux_rows:
+  for aux_list, weights, layer_ids in aux_rows:
     for stage in range(weights.shape[0]):
       for slot, aux in enumerate(aux_list):
         if weights[stage, slot]:

@@ -6,31 +6,34 @@ cotangents: the whole schedule can be one `tf.custom_gradient` whose
 forward and backward are each one `tf.while_loop` over the N = M + K - 1
 iterations. The program then holds one forward and one backward iteration
 (each vectorised over the K stages), whatever M and K; the unrolled
-schedule (pipeline.py) holds N of each.
+schedule (pipeline.py) holds N of each. Both read the layer's schedule
+(pipeline_schedule.Tables: [N, K] micro-batch and chunk tables indexed by
+the iteration tensor; its Shift, whose gradient TF takes: it must be
+linear, as a move of data is).
 
-Forward (the hooks are PipelinedLayer's; i is a tensor in the loop):
+Forward (i is a tensor in the loop):
 
     E = [Entering(j) for j in range(N + 1)]         # [N + 1, b, ...] a stream
-    state = Shift(E[0], bubble)                     # [K, b, ...] a stream
+    state = Shift(E[0], bubble, 0)                  # [K, b, ...] a stream
     for i in range(N):
       saved[i] = state                              # all that is kept
-      out, aux = Stages(theta, state, table[i])     # table [N, K]: schedule
+      out, aux = Stages(theta, state, mb[i], chunk[i])
       outputs[i] = sum_k(out * last); auxes[i] = aux
-      state = Shift(E[i + 1], [out] + state[1:])
+      x = outputs[src[i + 1]] if src[i + 1] >= 0 else E[i + 1]  # circular
+      state = Shift(x, [out] + state[1:], i + 1)
 
-Backward (state_{i+1} = Shift(E[i + 1], [out_i] + state_i[1:])):
+Backward (state_{i+1} = Shift(E[i + 1], [out_i] + state_i[1:], i + 1)):
 
     g = 0                                           # d state_{i+1}
     for i in reversed(range(N)):
-      dE[i + 1], (d_out, *d_pass) = ShiftVjp(g)
+      dx, (d_out, *d_pass) = ShiftVjp(g, i + 1)
+      dE[i + 1] = dx, or d_outputs[src[i + 1]] += dx  # src[i + 1] <= i
       d_out += last * d_outputs[i]
       d_theta_i, d_state = StagesVjp(theta, saved[i], [d_out] + d_auxes[i])
       d_theta += d_theta_i; g = d_state + [0] + d_pass
-    dE[0] = ShiftVjp(g)[0]
+    dE[0] = ShiftVjp(g, 0)[0]
 
-The loop uses the layer's NumIterations, StageMicroBatches, Entering and
-Shift hooks (Shift's gradient by TF: it must be linear, as a move of data
-is); RunStages and Collect are the unrolled schedule's.
+The stage functions are the unrolled schedule's (pipeline_stages).
 
 TF's own gradient of the forward loop would keep its accumulators in
 buffers whose layout the SPMD partitioner chooses (an earlier attempt got
@@ -58,16 +61,17 @@ def _Put(buf, i, t):
 
 
 class LoopedSchedule:
-  """Runs `layer`'s fill-drain schedule on `run` as the module docstring's
-  loops (`Outputs()`)."""
+  """Runs `layer`'s schedule (`tables`, pipeline_schedule.Tables) on `run`
+  as the module docstring's loops (`Outputs()`)."""
 
-  def __init__(self, layer, run):
-    self._layer, self._run = layer, run
+  def __init__(self, layer, run, tables):
+    self._layer, self._run, self._tables = layer, run, tables
     p = layer.params
     self._k = p.num_stages
-    self._n = layer.NumIterations(run.m, self._k)
-    self._table = np.stack([layer.StageMicroBatches(i, run.m, self._k)
-                            for i in range(self._n)])
+    self._n = tables.n
+    self._table = tables.mb
+    self._shift = layer.schedule.Shift
+    self._recirculates = tables.recirculates
     self._one_stage, self._over_stages = pipeline_stages.StageFunctions(
         layer, run)
     self._theta_tpl = run.theta
@@ -95,7 +99,15 @@ class LoopedSchedule:
   # ------------------------------------------------------------------ run
   def _Consts(self, i):
     return pipeline_stages.StageConstants(
-        self._layer, self._run, tf.gather(tf.constant(self._table), i))
+        self._layer, self._run, tf.gather(tf.constant(self._table), i),
+        tf.gather(tf.constant(self._tables.chunk), i))
+
+  def _FromOutput(self, i):
+    """(bool scalar: x entering in iteration i is an earlier output, the
+    output's iteration (clamped to 0))."""
+    src = self._tables.enter_src
+    return (tf.gather(tf.constant(src >= 0), i),
+            tf.gather(tf.constant(np.maximum(src, 0)), i))
 
   def _Specs(self, elems):
     """The stage function's outputs [K, ...] as (shape, dtype), from one
@@ -113,10 +125,13 @@ class LoopedSchedule:
   def Outputs(self):
     """(outputs [M, b, ...], [(per slot aux, valid [K, S])] per iteration),
     as the unrolled schedule collects them."""
-    layer, run, n, k = self._layer, self._run, self._n, self._k
-    # E: per stream the N + 1 micro-batches entering stage 0, [N + 1, b, ...].
+    layer, run, n, tables = self._layer, self._run, self._n, self._tables
+    # E: per stream the N + 1 micro-batches entering stage 0, [N + 1, b, ...]
+    # (zeros where x is an earlier output: the loop selects that).
+    zeros = {int(s): run.bubble[0] for s in tables.enter_src if s >= 0}
     entering = [self._ShardIterations(tf.stack(list(ts)), False)
-                for ts in zip(*[layer.Entering(run, i) for i in range(n + 1)])]
+                for ts in zip(*[layer.Entering(run, tables, i, zeros)
+                                for i in range(n + 1)])]
     theta = run.theta.Flatten()
     specs = self._Specs(theta + run.BubbleState() + self._Consts(0))
     schedule = self._CustomGradient(specs,
@@ -126,15 +141,19 @@ class LoopedSchedule:
     rows = []
     per_leaf = [tf.unstack(t, num=n) for t in aux_bufs]
     for i in range(n):
-      rows.append((pipeline_stages.PackAux(run, [ls[i] for ls in per_leaf]),
-                   pipeline_stages.ValidSlots(layer, self._table[i])))
-    return outputs[k - 1:], rows
+      rows.append(pipeline_stages.AuxRow(
+          layer, pipeline_stages.PackAux(run, [ls[i] for ls in per_leaf]),
+          tables.mb[i], tables.chunk[i]))
+    first = int(tables.outputs[0])
+    if np.array_equal(tables.outputs, np.arange(first, first + run.m)):
+      return outputs[first:first + run.m], rows
+    return tf.gather(outputs, tables.outputs), rows
 
   def _Forward(self, theta, entering, specs):
     """The forward loop of the module docstring: (saved states [N, K, b,
     ...] per stream, outputs [N, b, ...], aux leaves [N, K, ...])."""
     layer, run, n = self._layer, self._run, self._n
-    state = [layer.Shift(e[0], b)
+    state = [self._shift(layer, e[0], b, 0)
              for e, b in zip(entering, run.BubbleState())]
     saved = [self._ShardIterations(tf.zeros([n] + s.shape.as_list(), s.dtype),
                                    True) for s in state]
@@ -152,8 +171,12 @@ class LoopedSchedule:
       outs = self._ShardIterations(
           _Put(outs, i, tf.reduce_sum(out * run.last_mask, 0)), False)
       auxes = [self._ShardAux(_Put(b, i, t)) for b, t in zip(auxes, res[1:])]
-      state = [layer.Shift(_Get(e, i + 1), t)
-               for e, t in zip(entering, [out] + state[1:])]
+      ins = [_Get(e, i + 1) for e in entering]
+      if self._recirculates:
+        from_out, src = self._FromOutput(i + 1)
+        ins[0] = tf.where(from_out, _Get(outs, src), ins[0])
+      state = [self._shift(layer, e, t, i + 1)
+               for e, t in zip(ins, [out] + state[1:])]
       return [i + 1, state, saved, outs, auxes]
 
     _, _, saved, outs, auxes = tf.while_loop(
@@ -182,9 +205,9 @@ class LoopedSchedule:
 
     return Schedule
 
-  def ShiftVjp(self, g):
-    """Cotangents (entering [b, ...], t [K, b, ...]) of the layer's
-    Shift(entering, t) for g [K, b, ...], by TF's gradient of Shift (as the
+  def ShiftVjp(self, g, i):
+    """Cotangents (entering [b, ...], t [K, b, ...]) of the schedule's
+    Shift(entering, t, i) for g [K, b, ...], by TF's gradient of Shift (as the
     unrolled schedule gets them: a masked sum over K, an all-reduce when K
     is split, and the shift back, a collective-permute). Shift is linear,
     so its gradient does not depend on the point: zeros."""
@@ -192,7 +215,7 @@ class LoopedSchedule:
     t = tf.zeros(g.shape, g.dtype)
     with tf.GradientTape() as tape:
       tape.watch([e, t])
-      out = self._layer.Shift(e, t)
+      out = self._shift(self._layer, e, t, i)
     d_e, d_t = tape.gradient(out, [e, t], output_gradients=g)
     return d_e, self._layer.ShardState(d_t)
 
@@ -210,14 +233,28 @@ class LoopedSchedule:
               for s in diff]
     d_theta0 = self._ShardTheta([tf.zeros_like(t) for t in theta])
 
-    def Body(j, g, d_theta, d_ent):
+    recirculates = self._recirculates
+    if recirculates:  # d_outs gains the recirculated x's cotangents.
+      d_outs = self._ShardIterations(d_outs, False)
+
+    def Body(j, g, d_theta, d_ent, *carried):
+      d_outs_i = carried[0] if recirculates else d_outs
       i = n - 1 - j
       d_pass = []
       for c, g_s in enumerate(g):
-        d_e, d_t = self.ShiftVjp(g_s)
+        d_e, d_t = self.ShiftVjp(g_s, i + 1)
+        if c == 0 and recirculates:
+          # x of iteration i + 1 was output src (<= i): its cotangent
+          # goes there, before d_outs[i] is read.
+          from_out, src = self._FromOutput(i + 1)
+          d_outs_i = self._ShardIterations(tf.tensor_scatter_nd_add(
+              d_outs_i, tf.reshape(src, [1, 1]),
+              tf.where(from_out, d_e, tf.zeros_like(d_e))[tf.newaxis]),
+                                           False)
+          d_e = tf.where(from_out, tf.zeros_like(d_e), d_e)
         d_ent[c] = self._ShardIterations(_Put(d_ent[c], i + 1, d_e), False)
         d_pass.append(d_t)
-      d_out = d_pass[0] + run.last_mask * _Get(d_outs, i)[tf.newaxis]
+      d_out = d_pass[0] + run.last_mask * _Get(d_outs_i, i)[tf.newaxis]
       state = [layer.ShardState(_Get(b, i)) for b in saved]
       cot = [d_out] + [_Get(b, i) for b in d_auxes]
       grads = pipeline_remat.StagesVjp(
@@ -228,13 +265,16 @@ class LoopedSchedule:
       # the others move to the next stage as they are.
       g = [layer.ShardState(grads[nt + s] + d_pass[c] if s else grads[nt])
            for c, s in enumerate(diff)]
-      return [j + 1, g, list(d_theta), d_ent]
+      return [j + 1, g, list(d_theta), d_ent] + (
+          [d_outs_i] if recirculates else [])
 
-    _, g, d_theta, d_ent = tf.while_loop(
-        lambda j, *_: j < n, Body, [tf.constant(0), g0, d_theta0, d_ent0],
+    _, g, d_theta, d_ent, *_ = tf.while_loop(
+        lambda j, *_: j < n, Body,
+        [tf.constant(0), g0, d_theta0, d_ent0] + (
+            [d_outs] if recirculates else []),
         maximum_iterations=n, parallel_iterations=1)
     d_entering = [None] * len(entering)
-    for c, s in enumerate(diff):  # state_0 = Shift(E[0], bubble).
-      d_e, _ = self.ShiftVjp(g[c])
+    for c, s in enumerate(diff):  # state_0 = Shift(E[0], bubble, 0).
+      d_e, _ = self.ShiftVjp(g[c], 0)
       d_entering[s] = self._ShardIterations(_Put(d_ent[c], 0, d_e), False)
     return list(d_theta), d_entering

@@ -29,10 +29,11 @@ def SwapFirstTwo(t):
 
 
 class Run:
-  """One FProp's schedule state, shared by the pipeline's hooks: theta, the
-  M micro-batches of every per-example stream and their mini-batch rows,
-  the bubble's micro-batch, the collected outputs and aux rows, and the
-  ordering token (pipeline_remat).
+  """One FProp's inputs to the schedule's steps: theta, the M
+  micro-batches of every per-example stream and their mini-batch rows, the
+  bubble's micro-batch and the first ordering token (pipeline_remat); the
+  steps return what they compute (only the traced stage functions are
+  cached here).
 
   Args:
     layer: the PipelinedLayer (DataShards, ShardBatch, its params).
@@ -63,7 +64,6 @@ class Run:
     last[-1] = 1.0
     self.last_mask = tf.constant(last, streams[0].dtype)
     self.token = tf.zeros([], streams[0].dtype)
-    self.outputs, self.aux_rows = [], []
     # RunStages' vectorised stage functions (traced once per FProp) and
     # the aux structure per slot their trace found.
     self.vectorised, self.aux_tpls = {}, None

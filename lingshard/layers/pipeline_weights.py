@@ -6,7 +6,10 @@ layers any stage holds): slot s of stage k holds layer
 `sum(splits[:k]) + s` when s < splits[k], else a padded slot whose output
 is its input (an [K, S] active mask) and whose (zero-initialised) weights
 get zero gradients. Padded slots are real variables: parameter counts
-include them.
+include them. With R chunks per stage (pipeline_schedule.Circular) the
+splits are K R chunk sizes, S = R C (C the longest chunk) and slot r C + c
+of stage k holds layer c of chunk r K + k: each device keeps its own
+chunks' weights, none moves during a step.
 
 Layers of different shapes (`body_tpl` a list of L layer params with one
 weight structure, e.g. FFN hidden dims or head counts that differ): every
@@ -79,23 +82,31 @@ class StackedWeights:
   """Which layer each [K, S] slot holds, and each layer's own weights.
 
   Args:
-    splits: K layer counts per stage.
+    splits: K R layer counts per chunk (R = 1: per stage).
     body_declared: the executed (widest) body's DeclaredWeights.
     layer_wps: L dicts {weight key: the layer's own WeightParams}.
+    repeats: R chunks per stage.
   """
 
-  def __init__(self, splits, body_declared, layer_wps):
+  def __init__(self, splits, body_declared, layer_wps, repeats=1):
     self.splits = list(splits)
     self.tpl = body_declared
     self.layer_wps = layer_wps
-    k, s = len(self.splits), max(self.splits)
-    self.layer_ids = np.zeros([k, s], np.int64)
-    self.active = np.zeros([k, s], np.float32)
+    self.repeats = repeats
+    self.num_stages = k = len(self.splits) // repeats
+    self.chunk_slots = c = max(self.splits)
+    self.layer_ids = np.zeros([k, repeats * c], np.int64)
+    self.active = np.zeros([k, repeats * c], np.float32)
     start = 0
-    for stage, n in enumerate(self.splits):
-      self.layer_ids[stage, :n] = np.arange(start, start + n)
-      self.active[stage, :n] = 1.0
+    for chunk, n in enumerate(self.splits):
+      stage, first = chunk % k, (chunk // k) * c
+      self.layer_ids[stage, first:first + n] = np.arange(start, start + n)
+      self.active[stage, first:first + n] = 1.0
       start += n
+    # (stage, slot) of each layer, in layer order.
+    self.positions = sorted(
+        zip(*np.nonzero(self.active)),
+        key=lambda ks: self.layer_ids[ks[0], ks[1]])
     # (variable name, body weight key, body WeightParams) in theta order.
     self.flat_keys = [(FlatName(key), key, wp)
                       for key, wp in body_declared.FlattenItems()]
@@ -103,12 +114,12 @@ class StackedWeights:
 
   @property
   def slots(self):
-    """S: slots per stage."""
-    return max(self.splits)
+    """S: slots per stage (R C)."""
+    return self.repeats * self.chunk_slots
 
   def Declare(self, layer, stage_mesh_axis):
     """Declares the [K, S, ...] variables on `layer` (in its __init__)."""
-    k, s = len(self.splits), self.slots
+    k, s = self.num_stages, self.slots
     stage_axis = -1 if stage_mesh_axis is None else stage_mesh_axis
     for flat, _, wp in self.flat_keys:
       mapping = wp.tensor_split_dims_mapping
@@ -130,7 +141,7 @@ class StackedWeights:
     padded slots zero."""
     key, body_wp = self._key_of[flat]
     rows = []
-    for stage in range(len(self.splits)):
+    for stage in range(self.num_stages):
       for slot in range(self.slots):
         if self.active[stage, slot]:
           index = self.layer_ids[stage, slot]
@@ -146,8 +157,5 @@ class StackedWeights:
 
   def LayerThetas(self, theta):
     """L per-layer thetas (the body's structure), in stack order."""
-    out = []
-    for stage, n in enumerate(self.splits):
-      for slot in range(n):
-        out.append(theta.Transform(lambda w, a=stage, b=slot: w[a, b]))
-    return out
+    return [theta.Transform(lambda w, a=int(stage), b=int(slot): w[a, b])
+            for stage, slot in self.positions]

@@ -146,7 +146,7 @@ def _Walk(layer, parent_kind, visit, stacked=None):
 def _Stacked(pipe, shape, mapping):
   """(layers, [K, S] + shape, its split mapping) of a pipelined weight."""
   p = pipe.params
-  splits = pipe.StageSplits()
+  splits = pipe.ChunkSplits()
   mesh = p.device_mesh
   axis = -1 if p.stage_mesh_axis is None else p.stage_mesh_axis
   if isinstance(axis, str):
@@ -154,7 +154,8 @@ def _Stacked(pipe, shape, mapping):
   if mapping is None:
     mapping = [-1] * len(shape)
   stacked_mapping = None if mesh is None else [axis, -1] + list(mapping)
-  return (sum(splits), [len(splits), max(splits)] + shape, stacked_mapping,
+  return (sum(splits), [p.num_stages, pipe.stack.slots] + shape,
+          stacked_mapping,
           mesh, p.mesh_axis_names)
 
 

@@ -83,7 +83,7 @@ def _Shrink(task):
   t = task.Copy()
   fresh = _Fresh(t)
   for key in ('device_mesh', 'mesh_axis_names', 'fprop_dtype',
-              'batch_axes'):
+              'batch_axes', 'random_seed'):
     t.Set(**{key: fresh.Get(key)})
   if t.cls is mt_model.TransformerMTModel:
     t.Set(model_dim=8, hidden_dim=16, num_heads=2, dim_per_head=4,
