@@ -31,6 +31,11 @@ data are found before anything is written);
 good checkpoint, which is kept).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import os
 import sys
 

@@ -40,6 +40,11 @@ Prints the tables, writes gpipe_memory.csv, gpipe_efficiency.csv and (with
 matplotlib) gpipe.png.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import csv
 import os
 import statistics

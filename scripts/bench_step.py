@@ -146,7 +146,8 @@ def _TopOps(trace_dir, top):
 def main():
   args = _Args()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  import lingshard  # noqa: F401  Before TF: lingshard/startup.py
+  from lingshard import startup  # pylint: disable=g-import-not-at-top
+  startup.Install()  # Before TF's import.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   specs = [(m.split('.')[-1], m, args.params_override) for m in args.models]
   for v in args.variant:

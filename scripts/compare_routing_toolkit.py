@@ -21,15 +21,17 @@ Runs are the trainer binary (lingshard/experiments/runs.py: two at a time,
 one thread each; finished runs are reused from --work_dir).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import argparse
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
-from lingshard.experiments import runs as runs_lib  # noqa: E402
+from lingshard.experiments import runs as runs_lib
 
 DENSE_H256 = 'task.hidden_dim=256'
 

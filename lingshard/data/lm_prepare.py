@@ -43,6 +43,11 @@ single spaces), vocab.txt (one word per line; line i is id i: <pad>, <s>,
 manifest.json (interpreter version, counts).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import ast
 import collections
 import hashlib

@@ -38,6 +38,11 @@ which). Run from the repository root: the step benchmarks are
 scripts/bench_*.py.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import argparse
 import datetime
 import functools

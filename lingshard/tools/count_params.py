@@ -34,6 +34,11 @@ bytes per device count the stacked [K, S, ...] weights (padded slots
 included: they are allocated) split over the stage mesh axis.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import dataclasses
 import math
 import sys

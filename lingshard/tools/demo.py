@@ -19,6 +19,11 @@ Every step is the ordinary CLI (`python -m lingshard.trainer ...`) run as a
 subprocess; the commands are printed so they can be re-run by hand.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import os
 import shlex
 import subprocess

@@ -36,6 +36,11 @@ at least --min_count of the expert's --choice counts. --json writes every
 count (`Measure`'s docstring).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import json
 import math
 import os

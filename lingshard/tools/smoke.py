@@ -7,6 +7,11 @@ leaves (base_input.NumericBatch): forward, backward and a Keras Adam update
 of the task's variables.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import time
 
 from absl import flags

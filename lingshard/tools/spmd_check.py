@@ -18,6 +18,11 @@ Exit status 1 on a mismatch or a failed --expect rule; bad input
 data not prepared) prints one line and exits 1. See lingshard/spmd/expect.py for the rule syntax.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import sys
 
 from absl import app

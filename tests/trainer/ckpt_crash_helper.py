@@ -22,9 +22,13 @@ import os
 import signal
 import sys
 
-# lingshard before TensorFlow, as in the trainer: TensorFlow then loads
-# without jax, matplotlib and Keras (lingshard/startup.py; ~1 s a process).
-import lingshard  # noqa: F401  pylint: disable=unused-import
+# The start-up before TensorFlow's import, as in the trainer: TensorFlow then
+# loads without jax, matplotlib and Keras (lingshard/startup.py; ~1 s).
+from lingshard import startup
+
+if __name__ == '__main__':
+  startup.Install()
+
 from tensorflow.python.checkpoint import checkpoint_management
 from tensorflow.python.checkpoint import functional_saver
 from tensorflow.python.lib.io import file_io
