@@ -232,6 +232,36 @@ def _MeshAxis(axis, mesh_ndim, mesh_axis_names):
   return axis
 
 
+def AxisSize(device_mesh, axes, mesh_axis_names=None):
+  """Devices along `axes` of `device_mesh`: one mesh axis (an index or a
+  name; None or -1: replicated, 1) or a tuple of them (the product of
+  their sizes); 1 without a mesh. The one definition of a mesh axis size
+  (layers' batch, group and expert axes, the pipeline's stage and data
+  axes, config_check)."""
+  if device_mesh is None:
+    return 1
+  mesh = np.asarray(device_mesh)
+  entries = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+  indices = [_MeshAxis(a, mesh.ndim, mesh_axis_names) for a in entries]
+  used = [i for i in indices if i != -1]
+  if len(set(used)) != len(used):
+    raise ShardingError(f'a mesh axis is used twice in {axes!r}')
+  return int(np.prod([mesh.shape[i] for i in used], dtype=np.int64))
+
+
+def MergedMeshAxis(device_mesh, axes, mesh_axis_names=None):
+  """(mesh, index): `device_mesh` with the mesh axes of tuple `axes` merged
+  into one (the first major, as a tuple entry of a split mapping lays a
+  dim out) and that axis' index, for code that needs one mesh axis (a
+  manual-partitioning axis); a single axis: the mesh as is and its index.
+  The merged mesh has no axis names."""
+  mesh = ValidateDeviceMesh(device_mesh)
+  if not isinstance(axes, (tuple, list)):
+    return mesh, _MeshAxis(axes, mesh.ndim, mesh_axis_names)
+  merged, mapping, _ = _MergeTupleAxes(mesh, [tuple(axes)], mesh_axis_names)
+  return merged, mapping[0]
+
+
 def ResolveSplitDimsMapping(split_dims_mapping, mesh_ndim, rank,
                             mesh_axis_names=None):
   """Mesh axis indices (-1 = replicated) for each tensor dim, validated."""

@@ -57,6 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard import hyperparams
+from lingshard import sharding
 from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
 from lingshard.layers import dropout
@@ -401,15 +402,16 @@ class MoEBase(base_layer.BaseLayer):
     axis = mapping[0]
     if axis is None or axis == -1:
       return None
-    mesh = np.asarray(p.device_mesh)
-    axis_idx = (list(p.mesh_axis_names).index(axis) if isinstance(axis, str)
-                else int(axis))
-    if num_groups % mesh.shape[axis_idx]:
+    size = sharding.AxisSize(p.device_mesh, axis, p.mesh_axis_names)
+    if num_groups % size:
       raise ValueError(f'{p.name}: num_groups = {num_groups} must be a '
-                       f'multiple of the mesh axis size '
-                       f'{mesh.shape[axis_idx]} to split groups over it')
-    return NestedMap(device_mesh=mesh, mesh_axis_names=p.mesh_axis_names,
-                     group_axis=axis)
+                       f'multiple of the mesh axis size {size} to split '
+                       'groups over it')
+    # Groups split over a tuple of axes (data x expert): one merged axis.
+    mesh, group_axis = sharding.MergedMeshAxis(p.device_mesh, axis,
+                                               p.mesh_axis_names)
+    return NestedMap(device_mesh=mesh, mesh_axis_names=None,
+                     group_axis=group_axis)
 
   # ------------------------------------------------------------------ fprop
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
