@@ -51,7 +51,8 @@ from tensorflow.python.compiler.xla.experimental import xla_sharding
 __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
     'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
-    'PartitionCount', 'Unannotated', 'ForProgram', 'Function', 'OnTpu',
+    'PartitionCount', 'Unannotated', 'ForProgram', 'Function', 'AxisSize',
+    'MergedMeshAxis',
     'ValidateDeviceMesh', 'ResolveSplitDimsMapping', 'VectorizedOver',
 ]
 
@@ -120,12 +121,6 @@ def VectorizedOver(mesh_axis):
     _VECTORIZED.reset(token)
 
 
-def OnTpu():
-  """True under a TPUStrategy scope (its replica functions are XLA
-  programs the SPMD partitioner sees)."""
-  return isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy)
-
-
 def ForProgram(xla_compiled):
   """Context for tracing a program: annotated if XLA will compile it.
 
@@ -134,8 +129,10 @@ def ForProgram(xla_compiled):
   XLA program of its own (measured in scripts/bench_step.py's graph-mode
   profile: 220 per m4.TinyMoE train step, ~8 ms of its 69 ms); such graphs
   are traced Unannotated(). Programs XLA compiles keep every annotation.
+  The caller knows which (the train loop: platform.Program.xla_compiled,
+  true for a TPU replica function too).
   """
-  if xla_compiled or OnTpu():
+  if xla_compiled:
     return contextlib.nullcontext()
   return Unannotated()
 

@@ -386,14 +386,15 @@ def Execute(cfg, printer=Printer):
   if training:
     _CheckTrainSteps(params)
     strategy, info = strategies.CreateStrategy(
-        cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit)
+        cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit,
+        params.task.mesh_axis_names)
+    program = info.program
     # Mirrored / multi-worker replicas are single devices (no partitioned
     # mesh); default and TPU runs hold to the mesh the pod job will use.
-    config_check.Validate(params, strategy.num_replicas_in_sync,
-                          info.num_input_pipelines,
-                          spmd=info.kind in ('default', 'tpu'))
-    printer(f'strategy {info.kind}: {strategy.num_replicas_in_sync} '
-            f'replica(s), jit {"on" if info.jit_step else "off"}')
+    config_check.Validate(params, program.num_replicas,
+                          info.num_input_pipelines, spmd=program.spmd)
+    printer(f'strategy {program.strategy}: {program.num_replicas} '
+            f'replica(s), jit {"on" if program.jit_compile else "off"}')
     return RunTrain(cfg, params, strategy, info, printer,
                     with_eval=cfg.mode == 'train_and_eval')
   if cfg.mode == 'eval':

@@ -79,7 +79,9 @@ def _Params(model, data_dir, overrides):
 def _Trainer(p, jit, logdir):
   from lingshard.train import strategies  # pylint: disable=g-import-not-at-top
   from lingshard.train import train_loop  # pylint: disable=g-import-not-at-top
-  info = strategies.StrategyInfo(kind='default', jit_step=jit)
+  from lingshard import platform  # pylint: disable=g-import-not-at-top
+  info = strategies.StrategyInfo(
+      kind='default', program=platform.ForStrategy('default', jit))
   return train_loop.Trainer(p, logdir, info=info, printer=lambda *a: None)
 
 
