@@ -419,11 +419,11 @@ def main(argv):
     sys.exit(1)
 
 
-def Run():
+def RunFromCommandLine():
   """Console entry point."""
   DefineFlags(flags.FLAGS)
   app.run(main)
 
 
 if __name__ == '__main__':
-  Run()
+  RunFromCommandLine()

@@ -68,7 +68,7 @@ from lingshard.data import corpus_io
 from lingshard.data import lm_sources
 from lingshard.data import lm_wheel_sources
 from lingshard.data import wheels
-from lingshard.tools import cli
+from lingshard import cli
 
 SPECIALS = ('<pad>', '<s>', '</s>', '<unk>')
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
@@ -394,4 +394,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

@@ -46,7 +46,7 @@ import sys
 from absl import flags
 import numpy as np
 
-from lingshard.tools import cli
+from lingshard import cli
 from lingshard import config_check
 from lingshard import model_registry
 from lingshard import sharding
@@ -279,4 +279,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

@@ -37,7 +37,7 @@ from lingshard.data import corpus_io
 from lingshard.data import splits
 from lingshard.data import vocab
 from lingshard.models import mt_decoder
-from lingshard.tools import cli
+from lingshard import cli
 from lingshard.tools import demo_lm
 
 FLAGS = flags.FlagValues()
@@ -140,7 +140,7 @@ def TrainArgs(jit):
 def MainLm(data_dir, logdir, start):
   """The language-model demo (demo_lm)."""
   train_args = TrainArgs(bool(FLAGS.jit))
-  table, step, train_seconds = demo_lm.Run(
+  table, step, train_seconds = demo_lm.RunDemo(
       FLAGS.model, data_dir, logdir, train_args, FLAGS.params_override, _Run)
   print('\n== lingshard demo: dev perplexity per token (words and </s>) vs '
         'a unigram model of the training tokens ==')
@@ -200,4 +200,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

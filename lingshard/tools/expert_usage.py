@@ -63,7 +63,7 @@ from lingshard.layers.moe import base as moe_base
 from lingshard.layers.moe import record as routing_record
 from lingshard.models import lm_model
 from lingshard.models import mt_model
-from lingshard.tools import cli
+from lingshard import cli
 from lingshard.train import checkpointer
 from lingshard.train import overrides
 
@@ -505,4 +505,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

@@ -28,7 +28,7 @@ import sys
 from absl import app
 from absl import flags
 
-from lingshard.tools import cli
+from lingshard import cli
 
 # Private flag values: tools can be imported together without clashes.
 FLAGS = flags.FlagValues()
@@ -52,7 +52,7 @@ flags.DEFINE_integer('bucket', -1, 'compile_only: the training bucket whose '
                      flag_values=FLAGS)
 
 
-def Run(model_key, mesh, expect=(), dataset='Train', step=0,
+def CheckAndPrint(model_key, mesh, expect=(), dataset='Train', step=0,
         split_batch=True, rtol=None, print_hlo=False, printer=print):
   """Configures the devices, checks the model, prints; returns the result."""
   # Imported here so that --help and flag errors need neither TF nor jax.
@@ -115,7 +115,7 @@ def main(argv):
                               FLAGS.bucket, FLAGS.print_hlo)
     else:
       check.MeshShape(FLAGS.mesh)
-      result = Run(FLAGS.model, FLAGS.mesh, FLAGS.expect, FLAGS.dataset,
+      result = CheckAndPrint(FLAGS.model, FLAGS.mesh, FLAGS.expect, FLAGS.dataset,
                    FLAGS.step, FLAGS.split_batch, FLAGS.rtol,
                    FLAGS.print_hlo)
   except (LookupError, xla_runtime.JaxlibUnavailableError,
@@ -127,4 +127,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

@@ -128,7 +128,7 @@ def TrainerMain(kill_point, kill_step, trainer_args):
 
   checkpointer.Checkpointer.Save = Save
   sys.argv = [sys.argv[0]] + list(trainer_args)
-  trainer.Run()
+  trainer.RunFromCommandLine()
 
 
 if __name__ == '__main__':

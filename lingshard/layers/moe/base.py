@@ -1,10 +1,10 @@
-"""Mixture-of-Experts FFN layers: the shared base and the GShard top-2 layer.
+"""`MoEBase`: the shared base of the Mixture-of-Experts FFN layers.
 
-`MoELayer` is GShard's position-wise MoE FFN (Lepikhin et al. 2020, §2.2,
-Algorithm 1 gating, Algorithm 2 dispatch; no residual or layer norm: the
-Transformer layer adds those). Every MoE-family layer (noisy top-k,
-hierarchical, strictly balanced, expert choice) subclasses `MoEBase` and
-keeps the FFN contract of ffn.py (the dense FFN's too):
+Every MoE-family layer (GShard's top-2 `MoELayer` in top2.py: Lepikhin et
+al. 2020, §2.2, Algorithm 1 gating, Algorithm 2 dispatch; noisy top-k,
+hierarchical, strictly balanced, expert choice) subclasses `MoEBase` (no
+residual or layer norm: the Transformer layer adds those) and keeps the
+FFN contract of ffn.py (the dense FFN's too):
 
     outputs, aux = layer.FProp(theta, inputs, paddings, step=None,
                                token_offset=0)
