@@ -153,24 +153,26 @@ def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None,
     raise StrategyError(f'Unknown --strategy {kind!r}; one of '
                         f'{", ".join(STRATEGIES)}')
   info = StrategyInfo(kind=kind)
-  strategy = _Create(kind, tpu, device_mesh, info)
+  strategy, num_replicas = _Create(kind, tpu, device_mesh, info)
   info.program = platform_lib.ForStrategy(
-      kind, jit, device_mesh, mesh_axis_names,
-      num_replicas=strategy.num_replicas_in_sync)
+      kind, jit, device_mesh, mesh_axis_names, num_replicas=num_replicas)
   return strategy, info
 
 
 def _Create(kind, tpu, device_mesh, info):
-  """The strategy `kind`; fills `info`'s worker fields (multi_worker)."""
+  """(the strategy `kind`, its replicas in sync); fills `info`'s worker
+  fields (multi_worker)."""
   if kind == 'default':
-    return tf.distribute.get_strategy()
+    return tf.distribute.get_strategy(), 1
   if kind == 'mirrored':
     gpus = tf.config.list_logical_devices('GPU')
     if gpus:
-      return tf.distribute.MirroredStrategy([d.name for d in gpus])
-    cpus = [d.name for d in tf.config.list_logical_devices('CPU')]
-    return tf.distribute.MirroredStrategy(
-        cpus, cross_device_ops=tf.distribute.ReductionToOneDevice())
+      strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+    else:
+      cpus = [d.name for d in tf.config.list_logical_devices('CPU')]
+      strategy = tf.distribute.MirroredStrategy(
+          cpus, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return strategy, strategy.num_replicas_in_sync
   if kind == 'multi_worker':
     text = os.environ.get('TF_CONFIG')
     if text:
@@ -181,7 +183,8 @@ def _Create(kind, tpu, device_mesh, info):
       info.num_input_pipelines = num_workers
       info.input_pipeline_id = (0 if task_type == 'chief' else
                                 index + int(has_chief))
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    return strategy, strategy.num_replicas_in_sync
   if not tpu:
     raise StrategyError('--strategy=tpu needs --tpu (a TPU name, or "local" '
                         'on a TPU VM)')
@@ -189,9 +192,10 @@ def _Create(kind, tpu, device_mesh, info):
   tf.config.experimental_connect_to_cluster(resolver)
   topology = tf.tpu.experimental.initialize_tpu_system(resolver)
   assignment = DeviceAssignmentForMesh(topology, device_mesh)
+  # Each replica spans the mesh's cores: the assignment's replicas.
   return tf.distribute.TPUStrategy(
       resolver, experimental_device_assignment=assignment,
-      experimental_spmd_xla_partitioning=True)
+      experimental_spmd_xla_partitioning=True), assignment.num_replicas
 
 
 def DistributeBatch(strategy, batch, num_input_pipelines=1):
