@@ -102,7 +102,7 @@ def Balance(runner, seeds, steps, rate, eval_every, names):
   }
   arms = dict(all_arms[n] for n in names)
   runs = [runs_lib.TrainerRun(f'{arm}-s{s}', 'm4.TinyMoE', s, [steps], ov,
-                       eval_every=eval_every)
+                              eval_every=eval_every)
           for arm, ov in arms.items() for s in seeds]
   results = runner.RunAll(runs)
   print(f'\nbalance: m4.TinyMoE, {steps} steps, seeds {seeds}')
@@ -118,16 +118,18 @@ def Balance(runner, seeds, steps, rate, eval_every, names):
 
 def Upcycle(runner, seeds, steps, eval_every, work_dir):
   half = steps // 2
-  dense = [runs_lib.TrainerRun(f'dense256-s{s}', 'm4.TinyDense', s, [half, steps],
-                        DENSE_H256, eval_every=eval_every) for s in seeds]
+  dense = [runs_lib.TrainerRun(f'dense256-s{s}', 'm4.TinyDense', s,
+                               [half, steps], DENSE_H256,
+                               eval_every=eval_every) for s in seeds]
   runner.RunAll(dense)
-  up = [runs_lib.TrainerRun(f'upcycled-s{s}', 'm4.TinyMoEUpcycled', s, [half], '',
-                     eval_every=eval_every, flags=[
-                         '--init_from_checkpoint=' + os.path.join(
-                             work_dir, f'dense256-s{s}', 'train',
-                             f'ckpt-{half}')]) for s in seeds]
-  scratch = [runs_lib.TrainerRun(f'aux0.01-s{s}', 'm4.TinyMoE', s, [steps], '',
-                          eval_every=eval_every) for s in seeds]
+  up = [runs_lib.TrainerRun(
+      f'upcycled-s{s}', 'm4.TinyMoEUpcycled', s, [half], '',
+      eval_every=eval_every, flags=[
+          '--init_from_checkpoint=' + os.path.join(
+              work_dir, f'dense256-s{s}', 'train', f'ckpt-{half}')])
+        for s in seeds]
+  scratch = [runs_lib.TrainerRun(f'aux0.01-s{s}', 'm4.TinyMoE', s, [steps],
+                                 '', eval_every=eval_every) for s in seeds]
   results = runner.RunAll(dense + up + scratch)
   print(f'\nupcycle: dev log_pplx at training step (dense {half} steps, '
         f'then {half} more as each arm)')

@@ -244,9 +244,9 @@ NO_LM_LOSSES = ('task.moe_tpl.aux_loss_weights.importance=0.0;'
 
 def _LmRun(ctx, seed, name, model, extra=''):
   cfg = ctx.cfg
-  return runs_lib.TrainerRun(f'{name}_s{seed}', model, seed, [cfg['lm_steps']],
-                            _SeedOverrides(seed, extra),
-                            eval_every=cfg['eval_every'], data='lm')
+  return runs_lib.TrainerRun(
+      f'{name}_s{seed}', model, seed, [cfg['lm_steps']],
+      _SeedOverrides(seed, extra), eval_every=cfg['eval_every'], data='lm')
 
 
 def Balance(ctx):

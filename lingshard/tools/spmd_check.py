@@ -53,7 +53,8 @@ flags.DEFINE_integer('bucket', -1, 'compile_only: the training bucket whose '
 
 
 def CheckAndPrint(model_key, mesh, expect=(), dataset='Train', step=0,
-        split_batch=True, rtol=None, print_hlo=False, printer=print):
+                  split_batch=True, rtol=None, print_hlo=False,
+                  printer=print):
   """Configures the devices, checks the model, prints; returns the result."""
   # Imported here so that --help and flag errors need neither TF nor jax.
   # pylint: disable=g-import-not-at-top
@@ -115,9 +116,9 @@ def main(argv):
                               FLAGS.bucket, FLAGS.print_hlo)
     else:
       check.MeshShape(FLAGS.mesh)
-      result = CheckAndPrint(FLAGS.model, FLAGS.mesh, FLAGS.expect, FLAGS.dataset,
-                   FLAGS.step, FLAGS.split_batch, FLAGS.rtol,
-                   FLAGS.print_hlo)
+      result = CheckAndPrint(FLAGS.model, FLAGS.mesh, FLAGS.expect,
+                             FLAGS.dataset, FLAGS.step, FLAGS.split_batch,
+                             FLAGS.rtol, FLAGS.print_hlo)
   except (LookupError, xla_runtime.JaxlibUnavailableError,
           xla_runtime.DeviceCountError, expect_lib.ExpectRuleError,
           check.MeshShapeError, base_input.InputError,

@@ -37,9 +37,10 @@ def test_the_lm_dev_subset_keeps_every_nth_line_in_order(tmp_path):
 
 def test_an_lm_run_evaluates_on_its_eval_file_and_trains_on_the_corpus():
   runner = runs_lib.Runner('w', 'mt', 'lmdir', workers=1)
-  run = runs_lib.TrainerRun('regime_lm_moe_s1', 'lm1b.TinyMoELarge', 1, [20, 10],
-                     runs_lib.SeedOverrides(1), eval_every=10, data='lm',
-                     eval_file='w/regime/lm_dev_every_4.txt')
+  run = runs_lib.TrainerRun(
+      'regime_lm_moe_s1', 'lm1b.TinyMoELarge', 1, [20, 10],
+      runs_lib.SeedOverrides(1), eval_every=10, data='lm',
+      eval_file='w/regime/lm_dev_every_4.txt')
   cmds = runner.Commands(run)
   assert [(k, s) for k, s, _ in cmds] == [('train', 10), ('train', 20)]
   argv = cmds[0][2]

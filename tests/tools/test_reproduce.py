@@ -61,7 +61,8 @@ def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
       run.name: stored}
   # Written into the work dir: reused from there next time.
   assert (tmp_path / run.name / 'result.json').exists()
-  changed = runs.TrainerRun('cc_E8_s2', 'm4.TinyMoE', 2, [10], 'input.seed=1002')
+  changed = runs.TrainerRun('cc_E8_s2', 'm4.TinyMoE', 2, [10],
+                            'input.seed=1002')
   runner = runs.Runner(str(tmp_path / 'b'), 'data', 'lm', workers=1,
                        python='/bin/false',
                        stored={changed.name: dict(stored, name=changed.name)})
@@ -77,10 +78,10 @@ def test_extra_trainer_flags_reach_the_train_commands_and_the_spec():
   plain = runs.TrainerRun('a', 'm4.TinyMoE', 1, [10])
   assert 'flags' not in plain.Spec()  # Recorded runs' hashes stay valid.
   warm = runs.TrainerRun('b', 'm4.TinyMoEUpcycled', 1, [10],
-                  flags=['--init_from_checkpoint=logs/d/train/ckpt-5'])
+                         flags=['--init_from_checkpoint=logs/d/train/ckpt-5'])
   assert warm.Spec()['flags'] == ['--init_from_checkpoint=logs/d/train/ckpt-5']
   assert warm.SpecHash() != runs.TrainerRun('b', 'm4.TinyMoEUpcycled', 1,
-                                     [10]).SpecHash()
+                                            [10]).SpecHash()
   runner = runs.Runner('w', 'data', 'lm')
   (kind, stop, argv), = runner.Commands(warm)
   assert (kind, stop) == ('train', 10)
@@ -103,8 +104,8 @@ def test_a_probe_run_trains_and_evaluates_on_its_subset():
   assert not {'train_file', 'eval_file'} & set(plain.Spec())
   sub = 'w/probe_train_8/train.tsv'
   run = runs.TrainerRun('probe_moe_s1', 'm4.TinyMoE', 1, [10],
-                 runs.SeedOverrides(1, probe.OVERRIDES), train_file=sub,
-                 eval_file=sub)
+                        runs.SeedOverrides(1, probe.OVERRIDES), train_file=sub,
+                        eval_file=sub)
   assert (run.Spec()['train_file'], run.Spec()['eval_file']) == (sub, sub)
   runner = runs.Runner('w', 'data', 'lm', mt_overrides='input.x=1')
   (kind, _, argv), = runner.Commands(run)
