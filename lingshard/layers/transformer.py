@@ -365,11 +365,11 @@ class TransformerStack(base_layer.BaseLayer):
                          f'moe_tpl.dropout_rate 0, got {mp.dropout_rate} '
                          '(expert dropout is keyed by buffer slot, not by '
                          'token)')
-      if mp.dispatch_impl == 'gather':
-        raise ValueError(f'{p.name}: a pipelined MoE stack needs '
-                         "moe_tpl.dispatch_impl 'einsum' or 'auto', got "
-                         "'gather' (its manual partitioning cannot be "
-                         'vectorised over stages)')
+      if mp.dispatch_impl == 'gather':  # The trainer's one-line error.
+        raise pipeline.PipelineError(
+            f"{p.name}: a pipelined MoE stack needs moe_tpl.dispatch_impl "
+            "'einsum' or 'auto', got 'gather' (its manual partitioning "
+            'cannot be vectorised over stages)')
       mp = mp.Copy().Set(dispatch_impl='einsum')  # 'auto' in a pipeline.
       for i in moe:
         layers[i].moe_tpl = mp

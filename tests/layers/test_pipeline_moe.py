@@ -204,7 +204,7 @@ def test_bad_pipelined_moe_configs_are_one_line_errors():
       '(expert dropout is keyed by buffer slot, not by token)')
   p = _StackParams(2, 4, True)
   p.moe_tpl.Set(dispatch_impl='gather')
-  with pytest.raises(ValueError) as e:
+  with pytest.raises(pipeline.PipelineError) as e:
     p.Instantiate()
   assert str(e.value) == (
       "stack: a pipelined MoE stack needs moe_tpl.dispatch_impl 'einsum' or "
