@@ -44,6 +44,7 @@ import tensorflow as tf
 
 from lingshard import sharding
 from lingshard.layers import base_layer
+from lingshard.layers import micro_batches
 from lingshard.layers import pipeline
 
 
@@ -52,25 +53,23 @@ class ConfigCheckError(ValueError):
 
 
 def _AxisSize(layer, axis):
-  """(index, size, label) of mesh axis `axis` (int, name or a tuple of
-  them: index -2, the product of their sizes) of a layer."""
+  """(size, label) of mesh axis `axis` (int, name, None or a tuple of
+  them: the product of their sizes) of a layer."""
   p = layer.params
-  mesh = np.asarray(p.device_mesh)
   names = p.mesh_axis_names
-  if isinstance(axis, tuple):
-    sizes = [_AxisSize(layer, a) for a in axis]
-    size = int(np.prod([n for _, n, _ in sizes]))
-    return -2, size, (f'mesh axes {" x ".join(lb for _, _, lb in sizes)} '
-                      f'= {size}')
   try:
-    index = sharding.ResolveSplitDimsMapping([axis], mesh.ndim, 1, names)[0]
+    size = sharding.AxisSize(p.device_mesh, axis, names)
   except sharding.ShardingError as e:
     raise ConfigCheckError(f'{layer.path}: {e}') from None
+  if isinstance(axis, tuple):
+    labels = [_AxisSize(layer, a)[1] for a in axis]
+    return size, f'mesh axes {" x ".join(labels)} = {size}'
+  index = sharding.ResolveSplitDimsMapping(
+      [axis], np.asarray(p.device_mesh).ndim, 1, names)[0]
   if index == -1:
-    return -1, 1, 'replicated'
+    return 1, 'replicated'
   label = f"'{names[index]}'" if names else str(index)
-  return index, int(mesh.shape[index]), f'mesh axis {label} of size ' \
-      f'{int(mesh.shape[index])}'
+  return size, f'mesh axis {label} of size {size}'
 
 
 def _TrainShapes(input_params):
@@ -99,8 +98,7 @@ def _BatchAxis(layers):
         axis = mapping[0]
         if axis == base_layer.BATCH:
           axis = layer.params.batch_axes
-        _, size, label = _AxisSize(layer, axis)
-        return size, label
+        return _AxisSize(layer, axis)
   return 1, 'no mesh axis'
 
 
@@ -112,8 +110,8 @@ def _CheckWeights(layers):
         continue
       shape = [int(d) for d in wp.shape]
       for dim, (size, axis) in enumerate(zip(shape, mapping)):
-        index, n, label = _AxisSize(layer, axis)
-        if index != -1 and size % n:
+        n, label = _AxisSize(layer, axis)
+        if size % n:
           raise ConfigCheckError(
               f'{layer.path}/{name} {shape}: dim {dim} = {size} must be '
               f'divisible by {label} (the weight is split over it)')
@@ -166,9 +164,11 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
             f'{label}={batch} / {num_replicas} replicas = {per_replica}')
     micro = 1
     for pipe in pipes:
-      pp = pipe.params
-      micro = (pp.num_micro_batches if pp.num_micro_batches is not None
-               else max(per_replica // pp.micro_batch_size, 1))
+      try:
+        micro = micro_batches.NumMicroBatches(
+            pipe.params, per_replica, error=ConfigCheckError, name=pipe.path)
+      except ConfigCheckError as e:
+        raise ConfigCheckError(f'{what}: {e}') from None
       need = micro * batch_axis if spmd else micro
       if per_replica % need:
         split = (f' x {axis_label} = {need} (each micro-batch is split over '

@@ -51,7 +51,8 @@ from tensorflow.python.compiler.xla.experimental import xla_sharding
 __all__ = [
     'ShardingError', 'replicate', 'split', 'shard', 'mesh_split',
     'auto_to_manual', 'manual_to_auto', 'SpmdPartitioning',
-    'PartitionCount', 'Unannotated', 'ForProgram', 'Function', 'OnTpu',
+    'PartitionCount', 'Unannotated', 'ForProgram', 'Function', 'AxisSize',
+    'MergedMeshAxis',
     'ValidateDeviceMesh', 'ResolveSplitDimsMapping', 'VectorizedOver',
 ]
 
@@ -120,12 +121,6 @@ def VectorizedOver(mesh_axis):
     _VECTORIZED.reset(token)
 
 
-def OnTpu():
-  """True under a TPUStrategy scope (its replica functions are XLA
-  programs the SPMD partitioner sees)."""
-  return isinstance(tf.distribute.get_strategy(), tf.distribute.TPUStrategy)
-
-
 def ForProgram(xla_compiled):
   """Context for tracing a program: annotated if XLA will compile it.
 
@@ -134,8 +129,10 @@ def ForProgram(xla_compiled):
   XLA program of its own (measured in scripts/bench_step.py's graph-mode
   profile: 220 per m4.TinyMoE train step, ~8 ms of its 69 ms); such graphs
   are traced Unannotated(). Programs XLA compiles keep every annotation.
+  The caller knows which (the train loop: platform.Program.xla_compiled,
+  true for a TPU replica function too).
   """
-  if xla_compiled or OnTpu():
+  if xla_compiled:
     return contextlib.nullcontext()
   return Unannotated()
 
@@ -230,6 +227,36 @@ def _MeshAxis(axis, mesh_ndim, mesh_axis_names):
     raise ShardingError(f'mesh axis {axis} is out of range for a '
                         f'{mesh_ndim}-D device mesh')
   return axis
+
+
+def AxisSize(device_mesh, axes, mesh_axis_names=None):
+  """Devices along `axes` of `device_mesh`: one mesh axis (an index or a
+  name; None or -1: replicated, 1) or a tuple of them (the product of
+  their sizes); 1 without a mesh. The one definition of a mesh axis size
+  (layers' batch, group and expert axes, the pipeline's stage and data
+  axes, config_check)."""
+  if device_mesh is None:
+    return 1
+  mesh = np.asarray(device_mesh)
+  entries = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+  indices = [_MeshAxis(a, mesh.ndim, mesh_axis_names) for a in entries]
+  used = [i for i in indices if i != -1]
+  if len(set(used)) != len(used):
+    raise ShardingError(f'a mesh axis is used twice in {axes!r}')
+  return int(np.prod([mesh.shape[i] for i in used], dtype=np.int64))
+
+
+def MergedMeshAxis(device_mesh, axes, mesh_axis_names=None):
+  """(mesh, index): `device_mesh` with the mesh axes of tuple `axes` merged
+  into one (the first major, as a tuple entry of a split mapping lays a
+  dim out) and that axis' index, for code that needs one mesh axis (a
+  manual-partitioning axis); a single axis: the mesh as is and its index.
+  The merged mesh has no axis names."""
+  mesh = ValidateDeviceMesh(device_mesh)
+  if not isinstance(axes, (tuple, list)):
+    return mesh, _MeshAxis(axes, mesh.ndim, mesh_axis_names)
+  merged, mapping, _ = _MergeTupleAxes(mesh, [tuple(axes)], mesh_axis_names)
+  return merged, mapping[0]
 
 
 def ResolveSplitDimsMapping(split_dims_mapping, mesh_ndim, rank,

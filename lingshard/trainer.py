@@ -37,6 +37,11 @@ written);
 good checkpoint, which is kept).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import contextlib
 import functools
 import os
@@ -430,16 +435,17 @@ def Execute(cfg, printer=Printer):
   if training:
     _CheckTrainSteps(params)
     strategy, info = strategies.CreateStrategy(
-        cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit)
+        cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit,
+        params.task.mesh_axis_names)
+    program = info.program
     # Mirrored / multi-worker replicas are single devices (no partitioned
     # mesh); default and TPU runs hold to the mesh the pod job will use.
-    task = config_check.Validate(params, strategy.num_replicas_in_sync,
-                                 info.num_input_pipelines,
-                                 spmd=info.kind in ('default', 'tpu'))
-    if info.kind != 'tpu':  # TPU weights live on the slice, not the host.
+    task = config_check.Validate(params, program.num_replicas,
+                                 info.num_input_pipelines, spmd=program.spmd)
+    if program.strategy != 'tpu':  # TPU weights live on the slice.
       config_check.CheckHostMemory(task)
-    printer(f'strategy {info.kind}: {strategy.num_replicas_in_sync} '
-            f'replica(s), jit {"on" if info.jit_step else "off"}')
+    printer(f'strategy {program.strategy}: {program.num_replicas} '
+            f'replica(s), jit {"on" if program.jit_compile else "off"}')
     return RunTrain(cfg, params, strategy, info, printer,
                     with_eval=cfg.mode == 'train_and_eval')
   if cfg.mode == 'eval':
@@ -464,11 +470,11 @@ def main(argv):
     sys.exit(1)
 
 
-def Run():
+def RunFromCommandLine():
   """Console entry point."""
   DefineFlags(flags.FLAGS)
   app.run(main)
 
 
 if __name__ == '__main__':
-  Run()
+  RunFromCommandLine()

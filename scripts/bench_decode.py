@@ -50,7 +50,8 @@ SEARCHES = {'greedy': dict(beam_size=1),
 def main():
   args = _Args()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  import lingshard  # noqa: F401  Before TF: lingshard/startup.py
+  from lingshard import startup  # pylint: disable=g-import-not-at-top
+  startup.Install()  # Before TF's import.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   from lingshard import sharding  # pylint: disable=g-import-not-at-top
   from lingshard import model_registry  # pylint: disable=g-import-not-at-top

@@ -50,6 +50,11 @@ Prints the tables, writes gpipe_memory.csv, gpipe_efficiency.csv,
 gpipe_schedule.csv and (with matplotlib) gpipe.png.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import csv
 import os
 import statistics

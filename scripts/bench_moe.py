@@ -174,7 +174,8 @@ def main():
   if args.allocator == 'bfc':
     os.environ['TF_CPU_ALLOCATOR_USE_BFC'] = 'true'
   # TensorFlow is imported only now, after the allocator choice is in env.
-  import lingshard  # noqa: F401  Before TF: lingshard/startup.py
+  from lingshard import startup  # pylint: disable=g-import-not-at-top
+  startup.Install()  # Before TF's import.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   if args.inter_op_threads:
     tf.config.threading.set_inter_op_parallelism_threads(

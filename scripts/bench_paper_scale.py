@@ -40,6 +40,11 @@ Prints both tables, writes paper_scale_memory.csv, paper_scale_compile.csv
 and paper_scale.png.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import csv
 import json
 import os

@@ -11,6 +11,11 @@ FLOPs: the memory ratio and the recompute overhead (GShard §5.1 reports
 28% / 34% of cycles for its 36L / 60L models).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 from absl import app
 from absl import flags
 

@@ -22,6 +22,11 @@ time growing with D.
 Prints a table, writes scaling.csv and (with matplotlib) scaling.png.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import csv
 import json
 import os

@@ -79,7 +79,9 @@ def _Params(model, data_dir, overrides):
 def _Trainer(p, jit, logdir):
   from lingshard.train import strategies  # pylint: disable=g-import-not-at-top
   from lingshard.train import train_loop  # pylint: disable=g-import-not-at-top
-  info = strategies.StrategyInfo(kind='default', jit_step=jit)
+  from lingshard import platform  # pylint: disable=g-import-not-at-top
+  info = strategies.StrategyInfo(
+      kind='default', program=platform.ForStrategy('default', jit))
   return train_loop.Trainer(p, logdir, info=info, printer=lambda *a: None)
 
 
@@ -146,7 +148,8 @@ def _TopOps(trace_dir, top):
 def main():
   args = _Args()
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
-  import lingshard  # noqa: F401  Before TF: lingshard/startup.py
+  from lingshard import startup  # pylint: disable=g-import-not-at-top
+  startup.Install()  # Before TF's import.
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   specs = [(m.split('.')[-1], m, args.params_override) for m in args.models]
   for v in args.variant:

@@ -21,15 +21,17 @@ Runs are the trainer binary (lingshard/experiments/runs.py: two at a time,
 one thread each; finished runs are reused from --work_dir).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import argparse
 import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
-from lingshard.experiments import runs as runs_lib  # noqa: E402
+from lingshard.experiments import runs as runs_lib
 
 DENSE_H256 = 'task.hidden_dim=256'
 
@@ -99,8 +101,8 @@ def Balance(runner, seeds, steps, rate, eval_every, names):
       'none': ('none', 'task.moe_tpl.aux_loss_weights.group_aux=0.0'),
   }
   arms = dict(all_arms[n] for n in names)
-  runs = [runs_lib.Run(f'{arm}-s{s}', 'm4.TinyMoE', s, [steps], ov,
-                       eval_every=eval_every)
+  runs = [runs_lib.TrainerRun(f'{arm}-s{s}', 'm4.TinyMoE', s, [steps], ov,
+                              eval_every=eval_every)
           for arm, ov in arms.items() for s in seeds]
   results = runner.RunAll(runs)
   print(f'\nbalance: m4.TinyMoE, {steps} steps, seeds {seeds}')
@@ -116,16 +118,18 @@ def Balance(runner, seeds, steps, rate, eval_every, names):
 
 def Upcycle(runner, seeds, steps, eval_every, work_dir):
   half = steps // 2
-  dense = [runs_lib.Run(f'dense256-s{s}', 'm4.TinyDense', s, [half, steps],
-                        DENSE_H256, eval_every=eval_every) for s in seeds]
+  dense = [runs_lib.TrainerRun(f'dense256-s{s}', 'm4.TinyDense', s,
+                               [half, steps], DENSE_H256,
+                               eval_every=eval_every) for s in seeds]
   runner.RunAll(dense)
-  up = [runs_lib.Run(f'upcycled-s{s}', 'm4.TinyMoEUpcycled', s, [half], '',
-                     eval_every=eval_every, flags=[
-                         '--init_from_checkpoint=' + os.path.join(
-                             work_dir, f'dense256-s{s}', 'train',
-                             f'ckpt-{half}')]) for s in seeds]
-  scratch = [runs_lib.Run(f'aux0.01-s{s}', 'm4.TinyMoE', s, [steps], '',
-                          eval_every=eval_every) for s in seeds]
+  up = [runs_lib.TrainerRun(
+      f'upcycled-s{s}', 'm4.TinyMoEUpcycled', s, [half], '',
+      eval_every=eval_every, flags=[
+          '--init_from_checkpoint=' + os.path.join(
+              work_dir, f'dense256-s{s}', 'train', f'ckpt-{half}')])
+        for s in seeds]
+  scratch = [runs_lib.TrainerRun(f'aux0.01-s{s}', 'm4.TinyMoE', s, [steps],
+                                 '', eval_every=eval_every) for s in seeds]
   results = runner.RunAll(dense + up + scratch)
   print(f'\nupcycle: dev log_pplx at training step (dense {half} steps, '
         f'then {half} more as each arm)')

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
 
+from lingshard import startup
 from lingshard.experiments import runs
 
 # No automatic garbage collection in the test processes: the full
@@ -52,6 +53,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+# A test process is a lingshard program (lingshard/startup.py): TensorFlow,
+# imported by the test modules, loads without jax, matplotlib and Keras.
+startup.Install()
 # `make test` runs one xdist worker per core. TensorFlow gives each process
 # (a worker, and the commands it starts) intra-op and inter-op pools as
 # wide as the machine: 2 workers x 2 pools x 2 threads on 2 cores, with

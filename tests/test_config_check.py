@@ -125,6 +125,17 @@ def test_micro_batches_vs_batch():
       '128 = 8192 (each micro-batch is split over it)')
 
 
+def test_micro_batch_size_must_divide_a_replicas_batch():
+  # The pipeline's own count (layers/micro_batches.py): refused here, not
+  # at the first step.
+  params = model_registry.GetParams('gpipe.TinyMoEPipelined', 'Train')
+  params.task.pipeline_tpl.Set(num_micro_batches=None, micro_batch_size=48)
+  assert _Error(params) == (
+      'input.bucket_batch_limits[0]=128: model/dec/pipeline: '
+      'micro_batch_size 48 does not divide the batch 128; use a divisor of '
+      '128')
+
+
 def test_pipelined_moe_experts_and_groups_inside_a_stage():
   """MoE layers in a pipeline's body: experts vs the expert axis inside a
   stage; the group size vs a micro-batch's tokens per data shard."""

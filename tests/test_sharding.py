@@ -234,3 +234,30 @@ def test_every_tf_function_is_built_by_sharding_function():
         if lines:
           uses[os.path.relpath(path, root)] = lines
   assert uses == {}
+
+
+def test_axis_size_of_one_axis_or_a_tuple():
+  mesh, names = np.arange(8).reshape(2, 4), ['data', 'expert']
+  assert sharding.AxisSize(mesh, 'expert', names) == 4
+  assert sharding.AxisSize(mesh, 0) == 2
+  assert sharding.AxisSize(mesh, ('data', 'expert'), names) == 8
+  assert sharding.AxisSize(mesh, ['expert'], names) == 4
+  assert sharding.AxisSize(mesh, None) == sharding.AxisSize(mesh, -1) == 1
+  assert sharding.AxisSize(None, ('data', 'expert'), names) == 1
+  with pytest.raises(sharding.ShardingError,
+                     match=r"^a mesh axis is used twice in \('data', 0\)$"):
+    sharding.AxisSize(mesh, ('data', 0), names)
+  with pytest.raises(sharding.ShardingError,
+                     match=r"^mesh axis name 'model' is not one of"):
+    sharding.AxisSize(mesh, 'model', names)
+
+
+def test_merged_mesh_axis_lays_devices_out_as_a_tuple_split():
+  mesh, names = np.arange(8).reshape(2, 4), ['data', 'expert']
+  merged, axis = sharding.MergedMeshAxis(mesh, ('data', 'expert'), names)
+  assert axis == 0 and merged.tolist() == list(range(8))
+  # The first axis major: expert-major order transposes the mesh.
+  merged, axis = sharding.MergedMeshAxis(mesh, ('expert', 'data'), names)
+  assert merged.tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+  merged, axis = sharding.MergedMeshAxis(mesh, 'expert', names)
+  assert axis == 1 and merged.tolist() == mesh.tolist()

@@ -5,7 +5,7 @@ from lingshard.tools import smoke
 
 def test_smoke_run_reduces_loss():
   lines = []
-  losses = smoke.Run('toy.FFRegression', steps=60, log_every=20,
+  losses = smoke.TrainSteps('toy.FFRegression', steps=60, log_every=20,
                      printer=lines.append)
   assert len(losses) == 60
   assert sum(losses[-10:]) / 10 < 0.5 * sum(losses[:10]) / 10

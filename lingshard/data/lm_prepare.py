@@ -48,6 +48,11 @@ single spaces), vocab.txt (one word per line; line i is id i: <pad>, <s>,
 manifest.json (interpreter version, counts).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import ast
 import collections
 import hashlib
@@ -68,7 +73,7 @@ from lingshard.data import corpus_io
 from lingshard.data import lm_sources
 from lingshard.data import lm_wheel_sources
 from lingshard.data import wheels
-from lingshard.tools import cli
+from lingshard import cli
 
 SPECIALS = ('<pad>', '<s>', '</s>', '<unk>')
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = range(4)
@@ -407,4 +412,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

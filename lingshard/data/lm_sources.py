@@ -34,6 +34,11 @@ at another version, or whose files or licence changed is a one-line
 SourceError naming it.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import collections
 import contextlib
 import hashlib

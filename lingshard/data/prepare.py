@@ -27,6 +27,11 @@ one code (lang_codes.CanonicalLang: fr_FR and fr are both fr); it is
 written to data/ui_m4_large.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import argparse
 import collections
 import json

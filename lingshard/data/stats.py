@@ -9,6 +9,11 @@ table shows T = 1 (proportional) next to the requested T ('inf' for
 uniform).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import argparse
 import math
 import os

@@ -25,6 +25,11 @@ give byte-identical models. The settings are saved beside the models in
       [--en_vocab_size 2000] [--shared_vocab_size 4000]
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import argparse
 import io
 import json

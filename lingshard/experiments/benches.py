@@ -10,20 +10,32 @@ import sys
 from lingshard.experiments import runs as runs_lib
 
 
-def _Script(ctx, argv, log_name):
-  """Runs a repository script with the machine to itself; returns stdout."""
-  cmd = [sys.executable] + argv
-  print(f'  $ {runs_lib.Shown(cmd)}', flush=True)
+# The checkout this package is in: the scripts are found from any working
+# directory (the commands are shown from the repository root, as run there).
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def RunScript(ctx, argv, log_name):
+  """Runs a repository script (argv[0], relative to the repository) with
+  the machine to itself; returns (the command shown, stdout)."""
+  script = os.path.join(REPO, argv[0])
+  if not os.path.isfile(script):
+    raise RuntimeError(f'{script} not found: the benchmark scripts come with '
+                       'a checkout of the repository (pip install -e .)')
+  shown = runs_lib.Shown([sys.executable] + argv)
+  cmd = [sys.executable, script] + argv[1:]
+  print(f'  $ {shown}', flush=True)
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='2')
   proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
-                        check=False)  # In the working directory.
+                        check=False)  # Data paths: the working directory's.
   os.makedirs(ctx.work_dir, exist_ok=True)
   with open(os.path.join(ctx.work_dir, log_name), 'w', encoding='utf-8') as f:
     f.write(proc.stdout + proc.stderr)
   if proc.returncode:
-    raise RuntimeError(f'exit {proc.returncode}: {runs_lib.Shown(cmd)}\n'
+    raise RuntimeError(f'exit {proc.returncode}: {shown}\n'
                        f'{proc.stderr[-2000:]}')
-  return runs_lib.Shown(cmd), proc.stdout
+  return shown, proc.stdout
 
 
 def BenchStep(ctx, models, mode, variants=(), data_dir=None, reps=None,
@@ -42,7 +54,7 @@ def BenchStep(ctx, models, mode, variants=(), data_dir=None, reps=None,
     argv.append(f'--variant={v}')
   tag = '' if data_dir == ctx.data_dir else '_' + os.path.basename(
       os.path.normpath(data_dir))
-  shown, out = _Script(ctx, argv, f'bench_step_{mode}_{len(models)}{tag}.log')
+  shown, out = RunScript(ctx, argv, f'bench_step_{mode}_{len(models)}{tag}.log')
   ms = {}
   for line in out.splitlines():
     parts = line.split()
@@ -61,13 +73,13 @@ def Speed(ctx):
   cfg = ctx.cfg
   res_dir = os.path.join(ctx.out_dir, 'results')
   spmd_dir = os.path.join(ctx.work_dir, 'spmd_scaling')
-  shown_spmd, out_spmd = _Script(ctx, [
+  shown_spmd, out_spmd = RunScript(ctx, [
       'scripts/bench_spmd_scaling.py', f'--out_dir={spmd_dir}',
       f'--devices={cfg["spmd_devices"]}'], 'bench_spmd_scaling.log')
   png = os.path.join(spmd_dir, 'scaling.png')
   if os.path.exists(png):
     os.replace(png, os.path.join(res_dir, 'spmd_scaling.png'))
-  shown_moe, out_moe = _Script(ctx, [
+  shown_moe, out_moe = RunScript(ctx, [
       'scripts/bench_moe.py', '--experts', *cfg['moe_experts'].split(),
       '--reps', str(cfg['moe_reps'])], 'bench_moe.log')
   return dict(spmd=dict(command=shown_spmd, output=out_spmd,
@@ -81,7 +93,7 @@ def Gpipe(ctx):
   # takes 24 min on 2 cores).
   argv = ['scripts/bench_gpipe.py', f'--out_dir={out_dir}',
           *ctx.cfg['gpipe_args']]
-  shown, out = _Script(ctx, argv, 'bench_gpipe.log')
+  shown, out = RunScript(ctx, argv, 'bench_gpipe.log')
   png = os.path.join(out_dir, 'gpipe.png')
   if os.path.exists(png):
     os.replace(png, os.path.join(ctx.out_dir, 'results', 'gpipe.png'))

@@ -84,7 +84,7 @@ def Probe(ctx):
   runs = []
   for arm, model in ARMS:
     for seed in seeds:
-      runs.append(runs_lib.Run(
+      runs.append(runs_lib.TrainerRun(
           f'probe_{arm}_s{seed}', model, seed, [steps],
           runs_lib.SeedOverrides(seed, OVERRIDES),
           eval_every=cfg['probe_eval_every'], train_file=subset,

@@ -124,7 +124,7 @@ def Regime(ctx):
                            steps, jit['ms_per_step'][key],
                            jit['ms_per_step'][dense]))
       for seed in cfg['regime_seeds']:
-        runs.append(runs_lib.Run(
+        runs.append(runs_lib.TrainerRun(
             f'regime_{task}_{arm}_s{seed}', model, seed, [steps, wall],
             runs_lib.SeedOverrides(seed), decode=task == 'mt',
             eval_every=cfg['regime_eval_every'], data=task,

@@ -34,9 +34,14 @@ others. Training runs go to --work_dir (default logs/reproduce) and are
 reused when their spec is unchanged; runs recorded in docs/results by a
 revision with the same lingshard/ package (this experiments package aside:
 it renders and schedules, it does not train) are reused too (the page says
-which). Run from the repository root: the step benchmarks are
-scripts/bench_*.py.
+which). The step benchmarks are this checkout's scripts/bench_*.py (found
+from any working directory); data paths are the working directory's.
 """
+
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
 
 import argparse
 import datetime
@@ -57,10 +62,9 @@ from lingshard.experiments import regime
 from lingshard.experiments import runs as runs_lib
 
 # The repository this package is in (git: which revision, same package?).
-# Scripts (scripts/bench_*.py) and data paths are relative to the working
-# directory, the repository root (or a directory with a `scripts` link).
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))))
+# Data paths are relative to the working directory; the scripts
+# (scripts/bench_*.py) are this checkout's (benches.REPO).
+ROOT = benches.REPO
 # Compared between revisions to reuse recorded runs: the package, without
 # this experiments package (see the module docstring).
 PACKAGE_PATHS = ('lingshard', ':(exclude)lingshard/experiments')
@@ -189,7 +193,7 @@ def Conditional(ctx):
       if model == 'm4.TinyMoE':
         run = _BaseRun(ctx, seed)  # The same run as depth's and balance's.
       else:
-        run = runs_lib.Run(
+        run = runs_lib.TrainerRun(
             f'cc_{arm}_s{seed}', model, seed, [steps, wall],
             _SeedOverrides(seed), decode=True, eval_every=cfg['eval_every'])
       runs.append(run)
@@ -208,10 +212,10 @@ def _BaseRun(ctx, seed, name='e8', extra='', curve=True):
   wall-clock budget other than the step budget it also stops there)."""
   cfg = ctx.cfg
   if name == 'e8' and ctx.e8_wall not in (None, cfg['steps']):
-    return runs_lib.Run(
+    return runs_lib.TrainerRun(
         f'cc_E8_s{seed}', 'm4.TinyMoE', seed, [cfg['steps'], ctx.e8_wall],
         _SeedOverrides(seed), decode=True, eval_every=cfg['eval_every'])
-  return runs_lib.Run(
+  return runs_lib.TrainerRun(
       f'{name}_s{seed}', 'm4.TinyMoE', seed, [cfg['steps']],
       _SeedOverrides(seed, extra), decode=True,
       eval_every=cfg['eval_every'] if curve else cfg['steps'])
@@ -224,7 +228,7 @@ def Depth(ctx):
   # 6 + 6 costs 2.2x the FLOPs per step: one seed per sweep seed; its
   # difference is read against the 2 + 2 arm's seed spread.
   for seed in cfg['sweep_seeds']:
-    runs.append(runs_lib.Run(
+    runs.append(runs_lib.TrainerRun(
         f'deep_s{seed}', DEEP, seed, [steps], _SeedOverrides(seed),
         decode=True, eval_every=cfg['eval_every']))
   return dict(steps=steps, seeds=list(cfg['seeds']),
@@ -240,9 +244,9 @@ NO_LM_LOSSES = ('task.moe_tpl.aux_loss_weights.importance=0.0;'
 
 def _LmRun(ctx, seed, name, model, extra=''):
   cfg = ctx.cfg
-  return runs_lib.Run(f'{name}_s{seed}', model, seed, [cfg['lm_steps']],
-                            _SeedOverrides(seed, extra),
-                            eval_every=cfg['eval_every'], data='lm')
+  return runs_lib.TrainerRun(
+      f'{name}_s{seed}', model, seed, [cfg['lm_steps']],
+      _SeedOverrides(seed, extra), eval_every=cfg['eval_every'], data='lm')
 
 
 def Balance(ctx):
@@ -278,7 +282,7 @@ def Capacity(ctx):
                f"task.moe_tpl.second_expert_policy='{policy}'")
       variants.append(f'{name}=m4.TinyMoE:{extra}')
       for seed in cfg['sweep_seeds']:
-        runs.append(runs_lib.Run(
+        runs.append(runs_lib.TrainerRun(
             f'cap_{name}_s{seed}', 'm4.TinyMoE', seed, [steps],
             _SeedOverrides(seed, extra), eval_every=steps))
   # Step time per variant: TF graph mode (no XLA compile per variant);

@@ -1,7 +1,7 @@
 """Training runs of the evidence page (lingshard/experiments): the trainer
 binary as subprocesses, two at a time, and what they measured.
 
-A `Run` is one model key + seed + params overrides trained with
+A `TrainerRun` is one model key + seed + params overrides trained with
 `python -m lingshard.trainer --mode=train_and_eval` to one or more step
 counts (`stops`; later stops resume the same logdir exactly), optionally
 decoding the dev splits greedily at every stop. Every command is recorded
@@ -105,7 +105,7 @@ def DevSubset(data_dir, work_dir, every):
   return out
 
 
-class Run:
+class TrainerRun:
   """One training run (see module docstring)."""
 
   def __init__(self, name, model, seed, stops, overrides='', decode=False,

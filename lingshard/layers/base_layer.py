@@ -190,6 +190,14 @@ class BaseLayer(tf.Module):
     del owner
     return p
 
+  @classmethod
+  def CombineMetricParts(cls, parts):
+    """The metrics of a batch from those of its disjoint parts (a
+    pipeline's micro-batches; NestedMaps of one structure). Default: the
+    mean of each value."""
+    return parts[0].Pack([tf.add_n(list(v)) / float(len(parts))
+                          for v in zip(*[m.Flatten() for m in parts])])
+
   def ExpertWeights(self):
     """{own weight name: E} of weights whose leading dim is E experts:
     a warm start tiles a checkpoint's dense or E1-expert value over E

@@ -12,7 +12,7 @@ The FFN contract (shared with every MoE layer, moe.MoEBase):
 
 x [B, T, M], paddings [B, T] float (1.0 = pad); y [B, T, M]. `aux` is the
 layer's contribution to the task: NestedMap(aux_loss=float32 scalar,
-already weighted, aux_weight=what aux_loss averages over (optional; a
+already weighted, aux_groups=what aux_loss averages over (optional; a
 pipeline's micro-batch weights, pipeline_aux), metrics=NestedMap of
 float32 scalars/vectors), or an empty NestedMap when the layer adds
 nothing (this dense FFN). The task adds every layer's aux_loss to its

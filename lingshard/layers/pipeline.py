@@ -81,12 +81,12 @@ Inference (`is_inference`): the same weights run unpipelined, layer after
 layer on the whole batch (`FPropUnpipelined`).
 """
 
-import numpy as np
 import tensorflow as tf
 
 from lingshard import sharding
 from lingshard.layers import base_layer
 from lingshard.layers import dropout
+from lingshard.layers import micro_batches
 from lingshard.layers import pipeline_aux
 from lingshard.layers import pipeline_loop
 from lingshard.layers import pipeline_partition
@@ -140,6 +140,10 @@ class PipelinedLayer(base_layer.BaseLayer):
              'Mesh axis (name or index), or tuple of axes, splitting the '
              'batch dim of the per-example inputs and the stage state (data '
              'parallelism); None = not split.')
+    p.Define('metrics_cls', None,
+             'The layer class whose CombineMetricParts combines the body\'s '
+             'metrics over micro-batches (e.g. the MoE class: counts sum); '
+             'None = BaseLayer\'s (the mean).')
     p.Define('body_annotations', False,
              'Keep the body\'s sharding annotations inside the stages, '
              'each gaining the stage dim (module docstring); False = the '
@@ -216,10 +220,8 @@ class PipelinedLayer(base_layer.BaseLayer):
     p = self.params
     if p.stage_mesh_axis is None or p.device_mesh is None:
       return
-    mesh = np.asarray(p.device_mesh)
-    axis = sharding.ResolveSplitDimsMapping(
-        [p.stage_mesh_axis], mesh.ndim, 1, p.mesh_axis_names)[0]
-    size = mesh.shape[axis]
+    size = sharding.AxisSize(p.device_mesh, p.stage_mesh_axis,
+                             p.mesh_axis_names)
     if p.num_stages != size:
       raise PipelineError(f'{p.name}: num_stages {p.num_stages} does not fit '
                           f'the mesh axis {p.stage_mesh_axis} of size {size}; '
@@ -290,41 +292,17 @@ class PipelinedLayer(base_layer.BaseLayer):
 
   # ------------------------------------------------------------------ fprop
   def _NumMicroBatches(self, batch):
-    p = self.params
-    if p.num_micro_batches is not None:
-      if batch % p.num_micro_batches:
-        raise PipelineError(f'{p.name}: num_micro_batches '
-                            f'{p.num_micro_batches} does not divide the batch '
-                            f'{batch}; use a divisor of {batch}')
-      m = p.num_micro_batches
-    else:
-      if batch % p.micro_batch_size:
-        raise PipelineError(f'{p.name}: micro_batch_size '
-                            f'{p.micro_batch_size} does not divide the batch '
-                            f'{batch}; use a divisor of {batch}')
-      m = batch // p.micro_batch_size
-    d = self.DataShards()
-    if (batch // m) % d:
-      raise PipelineError(f'{p.name}: micro-batches of {batch // m} '
-                          f'examples do not split over the {d} data shards '
-                          f'of batch_mesh_axis {p.batch_mesh_axis}; use a '
-                          f'batch divisible by {m * d}')
+    """M (micro_batches.NumMicroBatches), checked against the schedule."""
+    m = micro_batches.NumMicroBatches(self.params, batch, self.DataShards(),
+                                      error=PipelineError)
     self._CheckSchedule(m)
     return m
 
   def DataShards(self):
     """D: the size of batch_mesh_axis in the device mesh (1 if none)."""
     p = self.params
-    if p.batch_mesh_axis is None or p.device_mesh is None:
-      return 1
-    mesh = np.asarray(p.device_mesh)
-    axes = (p.batch_mesh_axis if isinstance(p.batch_mesh_axis, tuple) else
-            (p.batch_mesh_axis,))
-    size = 1
-    for axis in sharding.ResolveSplitDimsMapping(
-        list(axes), mesh.ndim, len(axes), p.mesh_axis_names):
-      size *= int(mesh.shape[axis]) if axis != -1 else 1
-    return size
+    return sharding.AxisSize(p.device_mesh, p.batch_mesh_axis,
+                             p.mesh_axis_names)
 
   def MicroBatchRows(self, batch, m):
     """int64 [M, b]: the mini-batch row of each micro-batch row
@@ -386,7 +364,7 @@ class PipelinedLayer(base_layer.BaseLayer):
       raise PipelineError(f'{p.name}: the batch dim of the inputs must be '
                           'static')
     m = self._NumMicroBatches(int(batch))
-    run = pipeline_run.Run(
+    run = pipeline_run.PipelineRun(
         self, self.ShardTheta(theta.Transform(_DenseGradient)),
         [inputs, paddings] + list(extras), m, step, token_offset)
     try:
@@ -503,7 +481,8 @@ class PipelinedLayer(base_layer.BaseLayer):
 
   def _CombineMicroBatches(self, values):
     try:
-      return pipeline_aux.CombineMicroBatches(values)
+      cls = self.params.metrics_cls or base_layer.BaseLayer
+      return pipeline_aux.CombineMicroBatches(values, cls.CombineMetricParts)
     except pipeline_aux.AuxError as e:
       raise PipelineError(f'{self.params.name}: {e}') from None
 

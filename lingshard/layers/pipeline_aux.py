@@ -9,10 +9,10 @@ aux may also nest auxes under other keys (a body of several layers, e.g.
 NestedMap(layer_1=aux)): CombineMicroBatches combines each of them.
 
 Over micro-batches (the layer's aux on the whole mini-batch):
-  aux_loss    weighted mean: weight `aux_weight` when the aux has one (what
+  aux_loss    weighted mean: weight `aux_groups` when the aux has one (what
               the loss averages over, e.g. GShard's groups with tokens:
               then the result is the unpipelined loss exactly), else 1;
-  aux_weight  sum;
+  aux_groups  sum;
   metrics     MoE routing metrics (with `num_tokens`) by their own rule,
               moe/metrics.CombineParts (counts sum, fractions of the real
               tokens are token-weighted: exact); others the mean;
@@ -20,16 +20,15 @@ Over micro-batches (the layer's aux on the whole mini-batch):
               NestedMap of them) combined exactly (GPipe §2.2;
               `BatchNormLayer.UpdatedMoving`).
 Over layers: aux_loss sums, metrics average, moments stay one per layer
-(a list), aux_weight is dropped.
+(a list), aux_groups is dropped.
 """
 
 import tensorflow as tf
 
 from lingshard.layers import batch_norm
-from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.nested_map import NestedMap
 
-KEYS = ('aux_loss', 'aux_weight', 'metrics', 'moments')
+KEYS = ('aux_loss', 'aux_groups', 'metrics', 'moments')
 
 
 class AuxError(ValueError):
@@ -56,20 +55,15 @@ def _WeightedMean(values, weights):
       total, 1.0)
 
 
-def _Metrics(values):
-  if 'num_tokens' in values[0]:
-    return routing_metrics.CombineParts(values)
-  return values[0].Pack([tf.add_n(list(v)) / float(len(values))
-                         for v in zip(*[m.Flatten() for m in values])])
-
-
 def _Refuse(keys):
   raise AuxError(f'the body returned aux keys {keys}; a pipeline combines '
                  f'only {", ".join(sorted(KEYS))}')
 
 
-def CombineMicroBatches(values):
-  """M aux NestedMaps of one layer (one structure) -> the layer's aux."""
+def CombineMicroBatches(values, combine_metrics):
+  """M aux NestedMaps of one layer (one structure) -> the layer's aux;
+  `combine_metrics(parts)` combines their metrics (the body's
+  BaseLayer.CombineMetricParts)."""
   first = values[0]
   if len(values) == 1:  # The whole batch's aux already (e.g. unpipelined).
     return NestedMap(first)
@@ -80,18 +74,19 @@ def CombineMicroBatches(values):
   if unknown:
     if all(isinstance(first[k], dict) for k in first):
       for key in first:  # Nested auxes of a body of several layers.
-        out[key] = CombineMicroBatches([NestedMap(v[key]) for v in values])
+        out[key] = CombineMicroBatches([NestedMap(v[key]) for v in values],
+                                       combine_metrics)
       return out
     _Refuse(unknown)
   if 'aux_loss' in first:
-    weights = [tf.cast(v.get('aux_weight', 1.0), tf.float32) for v in values]
+    weights = [tf.cast(v.get('aux_groups', 1.0), tf.float32) for v in values]
     out.aux_loss = _WeightedMean(
         [tf.cast(v.aux_loss, tf.float32) for v in values], weights)
-  if 'aux_weight' in first:
-    out.aux_weight = tf.add_n([tf.cast(v.aux_weight, tf.float32)
+  if 'aux_groups' in first:
+    out.aux_groups = tf.add_n([tf.cast(v.aux_groups, tf.float32)
                                for v in values])
   if 'metrics' in first:
-    out.metrics = _Metrics([NestedMap(v.metrics) for v in values])
+    out.metrics = combine_metrics([NestedMap(v.metrics) for v in values])
   if 'moments' in first:
     out.moments = _CombineMomentsTree([v.moments for v in values])
   return out

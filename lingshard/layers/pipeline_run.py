@@ -28,7 +28,7 @@ def SwapFirstTwo(t):
   return tf.transpose(t, [1, 0] + list(range(2, t.shape.rank)))
 
 
-class Run:
+class PipelineRun:
   """One FProp's inputs to the schedule's steps: theta, the M
   micro-batches of every per-example stream and their mini-batch rows, the
   bubble's micro-batch and the first ordering token (pipeline_remat); the

@@ -82,7 +82,7 @@ def StageFunctions(layer, run):
   of [theta leaves [S, ...], x, pads, *extras, ids [C], active [C], rows
   [b], (select [R] when R > 1)] -> [y] + aux leaves, and
   `over_stages(name, fn, elems)`: fn on every stage (vectorised over K,
-  pipeline_run.Run.OverStages)."""
+  pipeline_run.PipelineRun.OverStages)."""
   p = layer.params
   stack = layer.stack
   s, k, r, c = stack.slots, p.num_stages, stack.repeats, stack.chunk_slots

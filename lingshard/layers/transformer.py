@@ -36,8 +36,9 @@ exactly (pipeline_aux). Requirements, each a one-line error: MoE params
 with `group_size` (a group must be the unpipelined model's group, and
 `num_groups` would count a micro-batch's), no expert dropout (its mask is
 keyed by buffer slot, not by token), and micro-batch tokens per data shard
-divisible by the group size. The dispatch is GShard's einsum (the gather
-dispatch's manual partitioning cannot be vectorised over stages).
+divisible by the group size. The dispatch is GShard's einsum ('auto'
+resolves to it; an explicit 'gather' is refused: its manual partitioning
+cannot be vectorised over stages).
 
 Re-materialisation (GShard §5.1; `TransformerStack.Params().remat`):
 'layer' recomputes each layer's forward in the backward pass (remat.py), so
@@ -55,6 +56,8 @@ from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import ffn
 from lingshard.layers import layer_norm
+from lingshard.layers import micro_batches
+from lingshard.layers import pipeline
 from lingshard.layers import remat
 from lingshard.nested_map import NestedMap
 
@@ -255,6 +258,18 @@ def _Period(pattern):
   return n
 
 
+def PipelinedMoEDispatch(p):
+  """The platform hook of a pipelined MoE stack's params, or a model's
+  holding `pipeline_tpl` and `moe_tpl`: 'auto' dispatch is einsum on every
+  platform (module doc), resolved before the MoE layer's own hook (children
+  come after) would pick gather. Returns the keys set."""
+  if (p.pipeline_tpl is None or p.moe_tpl is None or
+      p.moe_tpl.dispatch_impl != 'auto'):
+    return []
+  p.moe_tpl.dispatch_impl = 'einsum'
+  return ['moe_tpl.dispatch_impl']
+
+
 class TransformerStack(base_layer.BaseLayer):
   """`num_layers` Transformer layers; `moe_layers` say which FFNs are MoE."""
 
@@ -296,6 +311,11 @@ class TransformerStack(base_layer.BaseLayer):
                        f'for {p.num_layers} layers')
     return indices
 
+  @classmethod
+  def ForPlatform(cls, p, platform):
+    del platform
+    return PipelinedMoEDispatch(p)
+
   def __init__(self, params):
     super().__init__(params)
     p = self.params
@@ -334,11 +354,16 @@ class TransformerStack(base_layer.BaseLayer):
                        f'MoE pattern repeats every {g} layers); use at most '
                        f'{pp.num_layers} stages')
     if moe:
-      # What the MoE layer needs inside a pipeline body (its ForPipeline).
-      mp = p.moe_tpl.cls.ForPipeline(p.moe_tpl, p.name)
+      # What the MoE layer needs inside a pipeline body (its ForPipeline);
+      # its one-line refusal is the trainer's PipelineError.
+      try:
+        mp = p.moe_tpl.cls.ForPipeline(p.moe_tpl, p.name)
+      except ValueError as e:
+        raise pipeline.PipelineError(str(e)) from None
       for i in moe:
         layers[i].moe_tpl = mp
       pp.body_annotations = True
+      pp.metrics_cls = p.moe_tpl.cls
     if g == 1:
       pp.body_tpl = layers[0]
     else:
@@ -416,7 +441,8 @@ class TransformerStack(base_layer.BaseLayer):
     if p.is_inference or x.shape[0] is None:
       return
     batch, length = int(x.shape[0]), int(x.shape[1])
-    m = pipe._NumMicroBatches(batch)  # pylint: disable=protected-access
+    m = micro_batches.NumMicroBatches(pipe.params, batch, pipe.DataShards(),
+                                      error=pipeline.PipelineError)
     tokens = batch // m // pipe.DataShards() * length
     if tokens % p.moe_tpl.group_size:
       raise ValueError(f'{p.name}: a micro-batch has {tokens} tokens per '

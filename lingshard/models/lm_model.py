@@ -112,7 +112,7 @@ class LMTask(base_model.BaseTask):
   def ComputePredictions(self, theta, input_batch, step=None,
                          example_offset=0):
     """NestedMap(logits [B, T, V] (or, sampled training: outputs [B, T, M]
-    and step), moe_aux (the MoE layer's aux or {}))."""
+    and step), ffn_aux (the MoE layer's aux or {}))."""
     # Dropout masks are keyed by global example (dropout.KeyedMasks), as
     # routing noise is by global word: replicas draw what one device would.
     with dropout.KeyedMasks(0, example_offset):
@@ -131,21 +131,21 @@ class LMTask(base_model.BaseTask):
 
     for layer, layer_theta in zip(self.lstm_before, theta.lstm_before):
       x = Residual(x, layer.FProp(layer_theta, x, paddings_bt))
-    moe_aux = NestedMap()
+    ffn_aux = NestedMap()
     if self.params.moe_tpl is not None:
       # Routing noise is keyed by global word index (layers/rng.py).
       token_offset = tf.cast(example_offset, tf.int64) * tf.shape(
           x, out_type=tf.int64)[1]
-      y, moe_aux = self.moe.FProp(theta.moe, x, paddings_bt, step=step,
+      y, ffn_aux = self.moe.FProp(theta.moe, x, paddings_bt, step=step,
                                   token_offset=token_offset)
       x = Residual(x, y)  # y is already sigmoid(MoE(x)) (App. C.1).
     for layer, layer_theta in zip(self.lstm_after, theta.lstm_after):
       x = Residual(x, layer.FProp(layer_theta, x, paddings_bt))
-    moe_aux = NestedMap(moe_aux or {})
+    ffn_aux = NestedMap(ffn_aux or {})
     if self._Sampled():
-      return NestedMap(outputs=x, step=step, moe_aux=moe_aux)
+      return NestedMap(outputs=x, step=step, ffn_aux=ffn_aux)
     return NestedMap(logits=self.softmax.Logits(theta.softmax, x),
-                     moe_aux=moe_aux)
+                     ffn_aux=ffn_aux)
 
   def ComputeLoss(self, theta, predictions, input_batch):
     """(metrics, per_example): loss, log_pplx per word incl. </s>, aux."""
@@ -163,7 +163,7 @@ class LMTask(base_model.BaseTask):
     one = tf.constant(1.0)
     metrics = NestedMap()
     aux_loss = tf.constant(0.0)
-    aux = predictions.moe_aux
+    aux = predictions.ffn_aux
     if aux:
       aux_loss = tf.cast(aux.aux_loss, tf.float32)  # Weighted by the layer.
       for key, pair in routing_metrics.WeightedMetrics(

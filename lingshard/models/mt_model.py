@@ -176,6 +176,11 @@ class TransformerMTModel(base_model.BaseTask):
         pp.batch_mesh_axis = 0
     return pp
 
+  @classmethod
+  def ForPlatform(cls, p, platform):
+    del platform
+    return transformer.PipelinedMoEDispatch(p)
+
   def __init__(self, params):
     params = _StageMesh(params)
     super().__init__(params)

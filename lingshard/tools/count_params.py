@@ -34,6 +34,11 @@ bytes per device count the stacked [K, S, ...] weights (padded slots
 included: they are allocated) split over the stage mesh axis.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import dataclasses
 import math
 import sys
@@ -41,7 +46,7 @@ import sys
 from absl import flags
 import numpy as np
 
-from lingshard.tools import cli
+from lingshard import cli
 from lingshard import config_check
 from lingshard import model_registry
 from lingshard import sharding
@@ -275,4 +280,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

@@ -19,6 +19,11 @@ Every step is the ordinary CLI (`python -m lingshard.trainer ...`) run as a
 subprocess; the commands are printed so they can be re-run by hand.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import os
 import shlex
 import subprocess
@@ -32,7 +37,7 @@ from lingshard.data import corpus_io
 from lingshard.data import splits
 from lingshard.data import vocab
 from lingshard.models import mt_decoder
-from lingshard.tools import cli
+from lingshard import cli
 from lingshard.tools import demo_lm
 
 FLAGS = flags.FlagValues()
@@ -146,7 +151,7 @@ def TrainArgs(jit):
 def MainLm(data_dir, logdir, start):
   """The language-model demo (demo_lm)."""
   train_args = TrainArgs(bool(FLAGS.jit))
-  table, step, train_seconds = demo_lm.Run(
+  table, step, train_seconds = demo_lm.RunDemo(
       FLAGS.model, data_dir, logdir, train_args, FLAGS.params_override, _Run)
   print('\n== lingshard demo: dev perplexity per token (words and </s>) vs '
         'a unigram model of the training tokens ==')
@@ -215,4 +220,4 @@ def _Main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

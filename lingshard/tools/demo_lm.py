@@ -103,7 +103,7 @@ def ScoreTable(result, unigram_log_pplx, num_labels):
   return head + '\n' + row
 
 
-def Run(model, data_dir, logdir, train_args, extra_overrides, run):
+def RunDemo(model, data_dir, logdir, train_args, extra_overrides, run):
   """The LM demo's steps (module docstring); `run(args)` runs `python -m
   args`. Returns (table text, evaluated step, training seconds)."""
   if not os.path.exists(os.path.join(data_dir, 'train.txt')):

@@ -36,6 +36,11 @@ at least --min_count of the expert's --choice counts. --json writes every
 count (`Measure`'s docstring).
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import json
 import math
 import os
@@ -56,7 +61,7 @@ from lingshard.data import lm_inputs
 from lingshard.layers import pipeline
 from lingshard.layers.moe import base as moe_base
 from lingshard.layers.moe import record as routing_record
-from lingshard.tools import cli
+from lingshard import cli
 from lingshard.train import checkpointer
 from lingshard.train import overrides
 
@@ -494,4 +499,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

@@ -7,6 +7,11 @@ leaves (base_input.NumericBatch): forward, backward and a Keras Adam update
 of the task's variables.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import time
 
 from absl import flags
@@ -15,7 +20,7 @@ import tensorflow as tf
 from lingshard import base_input
 from lingshard import model_registry
 from lingshard import sharding
-from lingshard.tools import cli
+from lingshard import cli
 
 # Private flag values: tools can be imported together without clashes.
 FLAGS = flags.FlagValues()
@@ -24,7 +29,7 @@ flags.DEFINE_integer('steps', 20, 'Training steps to run.', flag_values=FLAGS)
 flags.DEFINE_integer('log_every', 5, 'Print the loss every N steps.', flag_values=FLAGS)
 
 
-def Run(model_key, steps, log_every=5, printer=print):
+def TrainSteps(model_key, steps, log_every=5, printer=print):
   """Trains `steps` steps; returns the list of losses."""
   params = model_registry.GetParams(model_key, 'Train')
   model = params.Instantiate()
@@ -57,8 +62,8 @@ def Run(model_key, steps, log_every=5, printer=print):
 
 def main(argv):
   del argv
-  Run(FLAGS.model, FLAGS.steps, FLAGS.log_every)
+  TrainSteps(FLAGS.model, FLAGS.steps, FLAGS.log_every)
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

@@ -20,12 +20,17 @@ data not prepared) prints one line and exits 1, before any virtual device
 is created when it can. See lingshard/spmd/expect.py for the rule syntax.
 """
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import sys
 
 from absl import app
 from absl import flags
 
-from lingshard.tools import cli
+from lingshard import cli
 
 # Private flag values: tools can be imported together without clashes.
 FLAGS = flags.FlagValues()
@@ -49,8 +54,9 @@ flags.DEFINE_integer('bucket', -1, 'compile_only: the training bucket whose '
                      flag_values=FLAGS)
 
 
-def Run(model_key, mesh, expect=(), dataset='Train', step=0,
-        split_batch=True, rtol=None, print_hlo=False, printer=print):
+def CheckAndPrint(model_key, mesh, expect=(), dataset='Train', step=0,
+                  split_batch=True, rtol=None, print_hlo=False,
+                  printer=print):
   """Configures the devices, checks the model, prints; returns the result."""
   # Imported here so that --help and flag errors need neither TF nor jax.
   # pylint: disable=g-import-not-at-top
@@ -114,9 +120,9 @@ def main(argv):
                               FLAGS.bucket, FLAGS.print_hlo)
     else:
       check.MeshShape(FLAGS.mesh)
-      result = Run(FLAGS.model, FLAGS.mesh, FLAGS.expect, FLAGS.dataset,
-                   FLAGS.step, FLAGS.split_batch, FLAGS.rtol,
-                   FLAGS.print_hlo)
+      result = CheckAndPrint(FLAGS.model, FLAGS.mesh, FLAGS.expect,
+                             FLAGS.dataset, FLAGS.step, FLAGS.split_batch,
+                             FLAGS.rtol, FLAGS.print_hlo)
   except (LookupError, xla_runtime.JaxlibUnavailableError,
           xla_runtime.DeviceCountError, expect_lib.ExpectRuleError,
           check.MeshShapeError, base_input.InputError,
@@ -126,4 +132,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  cli.Run(main, FLAGS)
+  cli.RunMain(main, FLAGS)

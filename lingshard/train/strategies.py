@@ -29,6 +29,8 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from lingshard import platform as platform_lib
+
 STRATEGIES = ('default', 'mirrored', 'multi_worker', 'tpu')
 
 
@@ -38,14 +40,25 @@ class StrategyError(ValueError):
 
 @dataclasses.dataclass
 class StrategyInfo:
-  """What the trainer needs to know about the strategy it runs under."""
+  """What the trainer needs to know about the strategy it runs under: this
+  worker's role and input pipeline, and the program's facts (`program`,
+  lingshard/platform.py; default: the `kind` run with the --jit default)."""
   kind: str
   is_chief: bool = True
   worker_id: int = 0
-  jit_step: bool = False  # Wrap the step in tf.function(jit_compile=True).
   # Input pipelines (one per worker process) and this process's index.
   num_input_pipelines: int = 1
   input_pipeline_id: int = 0
+  program: platform_lib.Program = None
+
+  def __post_init__(self):
+    if self.program is None:
+      self.program = platform_lib.ForStrategy(self.kind)
+
+  @property
+  def jit_step(self):
+    """Wrap the step in tf.function(jit_compile=True)."""
+    return self.program.jit_compile
 
 
 def InputContext(strategy, info):
@@ -57,9 +70,7 @@ def InputContext(strategy, info):
       num_replicas_in_sync=strategy.num_replicas_in_sync)
 
 
-def DefaultJit(kind, jit_flag):
-  """--jit default: on for tpu, off elsewhere; an explicit flag wins."""
-  return kind == 'tpu' if jit_flag is None else bool(jit_flag)
+DefaultJit = platform_lib.DefaultJit
 
 
 # Logical CPU devices are threads and buffers of one host: 4096 start in
@@ -145,23 +156,34 @@ def DeviceAssignmentForMesh(topology, device_mesh):
       topology, computation_shape=shape, num_replicas=num_replicas)
 
 
-def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None):
-  """Builds the strategy `kind`; returns (strategy, StrategyInfo)."""
+def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None,
+                   mesh_axis_names=None):
+  """Builds the strategy `kind`; returns (strategy, StrategyInfo) whose
+  `program` holds the run's facts (platform.ForStrategy)."""
   if kind not in STRATEGIES:
     raise StrategyError(f'Unknown --strategy {kind!r}; one of '
                         f'{", ".join(STRATEGIES)}')
-  jit = DefaultJit(kind, jit)
-  # On TPU the whole replica function is XLA-compiled already.
-  info = StrategyInfo(kind=kind, jit_step=jit and kind != 'tpu')
+  info = StrategyInfo(kind=kind)
+  strategy, num_replicas = _Create(kind, tpu, device_mesh, info)
+  info.program = platform_lib.ForStrategy(
+      kind, jit, device_mesh, mesh_axis_names, num_replicas=num_replicas)
+  return strategy, info
+
+
+def _Create(kind, tpu, device_mesh, info):
+  """(the strategy `kind`, its replicas in sync); fills `info`'s worker
+  fields (multi_worker)."""
   if kind == 'default':
-    return tf.distribute.get_strategy(), info
+    return tf.distribute.get_strategy(), 1
   if kind == 'mirrored':
     gpus = tf.config.list_logical_devices('GPU')
     if gpus:
-      return tf.distribute.MirroredStrategy([d.name for d in gpus]), info
-    cpus = [d.name for d in tf.config.list_logical_devices('CPU')]
-    return tf.distribute.MirroredStrategy(
-        cpus, cross_device_ops=tf.distribute.ReductionToOneDevice()), info
+      strategy = tf.distribute.MirroredStrategy([d.name for d in gpus])
+    else:
+      cpus = [d.name for d in tf.config.list_logical_devices('CPU')]
+      strategy = tf.distribute.MirroredStrategy(
+          cpus, cross_device_ops=tf.distribute.ReductionToOneDevice())
+    return strategy, strategy.num_replicas_in_sync
   if kind == 'multi_worker':
     text = os.environ.get('TF_CONFIG')
     if text:
@@ -172,7 +194,8 @@ def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None):
       info.num_input_pipelines = num_workers
       info.input_pipeline_id = (0 if task_type == 'chief' else
                                 index + int(has_chief))
-    return tf.distribute.MultiWorkerMirroredStrategy(), info
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    return strategy, strategy.num_replicas_in_sync
   if not tpu:
     raise StrategyError('--strategy=tpu needs --tpu (a TPU name, or "local" '
                         'on a TPU VM)')
@@ -180,10 +203,10 @@ def CreateStrategy(kind, tpu=None, device_mesh=None, jit=None):
   tf.config.experimental_connect_to_cluster(resolver)
   topology = tf.tpu.experimental.initialize_tpu_system(resolver)
   assignment = DeviceAssignmentForMesh(topology, device_mesh)
-  strategy = tf.distribute.TPUStrategy(
+  # Each replica spans the mesh's cores: the assignment's replicas.
+  return tf.distribute.TPUStrategy(
       resolver, experimental_device_assignment=assignment,
-      experimental_spmd_xla_partitioning=True)
-  return strategy, info
+      experimental_spmd_xla_partitioning=True), assignment.num_replicas
 
 
 def DistributeBatch(strategy, batch, num_input_pipelines=1):

@@ -110,13 +110,13 @@ class Trainer:
     self._writer = None  # Created after a successful Restore.
     # One tf.function per step. XLA compiles all of it on the default
     # strategy; across replicas only the step's halves (jit_halves).
-    self._jit_whole = (self._info.jit_step and self._info.kind == 'default')
-    self._jit_halves = self._info.jit_step and not self._jit_whole
+    program = self._info.program
+    self._jit_halves = program.jit_halves
     # Annotated when XLA compiles the step (--jit, TPU); a graph TF runs op
     # by op is traced without sharding ops (sharding.Function).
     self.run_step = sharding.Function(
-        self._RunStep, xla_compiled=self._info.jit_step or self._info.kind ==
-        'tpu', jit_compile=self._jit_whole)
+        self._RunStep, xla_compiled=program.xla_compiled,
+        jit_compile=program.jit_whole)
 
   # ------------------------------------------------------------ the step
   def Step(self, batch):

@@ -111,8 +111,6 @@ def ParseArgs(argv):
 def CheckTopology(ap, args, err=sys.stderr):
   """Refuses (ap.error, one line) a model that cannot run on the slice;
   prints the job's shape to `err`."""
-  if REPO not in sys.path:
-    sys.path.insert(0, REPO)
   # pylint: disable=g-import-not-at-top
   from absl import flags
   from lingshard import trainer

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from lingshard import model_registry
+from lingshard.layers import base_layer
 from lingshard.layers import dropout
 from lingshard.layers import pipeline
 from lingshard.layers import transformer
@@ -200,3 +202,32 @@ def test_bad_pipelined_moe_configs_are_one_line_errors():
   assert str(e.value) == (
       'stack: a pipelined MoE stack needs moe_tpl.dropout_rate 0, got 0.1 '
       '(expert dropout is keyed by buffer slot, not by token)')
+  p = _StackParams(2, 4, True)
+  p.moe_tpl.Set(dispatch_impl='gather')
+  with pytest.raises(pipeline.PipelineError) as e:
+    p.Instantiate()
+  assert str(e.value) == (
+      "stack: a pipelined MoE stack needs moe_tpl.dispatch_impl 'einsum' or "
+      "'auto', got 'gather' (its manual partitioning cannot be vectorised "
+      'over stages)')
+
+
+def test_auto_dispatch_of_a_pipelined_stack_is_einsum_on_every_platform():
+  # The platform hooks (the trainer's ResolveParams) resolve 'auto' to
+  # einsum for a pipelined model before the MoE layer's hook would pick
+  # gather on a CPU; unpipelined, the CPU gets gather.
+  for key, want in (('gpipe.TinyMoEPipelined', 'einsum'),
+                    ('m4.TinyMoE', 'gather')):
+    task_p = model_registry.GetParams(key, 'Train').task
+    assert task_p.moe_tpl.dispatch_impl == 'auto'
+    keys = base_layer.ResolveParams(task_p, platform='cpu')
+    assert 'moe_tpl.dispatch_impl' in keys
+    assert task_p.moe_tpl.dispatch_impl == want, key
+  stack_p = _StackParams(2, 4, False)
+  stack_p.moe_tpl.dispatch_impl = 'auto'
+  base_layer.ResolveParams(stack_p, platform='cpu')
+  assert stack_p.moe_tpl.dispatch_impl == 'einsum'
+  stack_p.moe_tpl.dispatch_impl = 'auto'  # Built directly: einsum too.
+  stack = stack_p.Instantiate()
+  assert {x.params.dispatch_impl for x in stack.pipeline.body.AllLayers()
+          if isinstance(x, top2.MoELayer)} == {'einsum'}

@@ -44,7 +44,7 @@ def test_log_pplx_is_per_word_including_end_of_sentence():
   labels = np.array([[5, 6, 2], [7, 2, 0]], np.int32)
   paddings = np.array([[0, 0, 0], [0, 0, 1]], np.float32)
   metrics, per_example = task.ComputeLoss(
-      task.theta, NestedMap(logits=tf.constant(logits), moe_aux=NestedMap()),
+      task.theta, NestedMap(logits=tf.constant(logits), ffn_aux=NestedMap()),
       NestedMap(labels=labels, paddings=paddings))
   want = (-math.log(4.0 / (_V + 3)) + 4 * math.log(_V)) / 5
   np.testing.assert_allclose(metrics.log_pplx[0].numpy(), want, rtol=1e-6)

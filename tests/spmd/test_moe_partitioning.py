@@ -81,3 +81,31 @@ def test_moe_layer_collectives_are_all_to_all_and_all_reduce_only(result):
   """Nothing else: no all-gather anywhere (routing gradients included)."""
   assert expect.Check(['only:all-to-all,all-reduce'],
                       result.collectives) == [], result.Report()
+
+
+def test_gather_dispatch_with_groups_over_data_and_expert_axes():
+  """Groups split over a tuple of mesh axes (data x expert, the pipelined
+  configs' layout): the gather dispatch's manual region runs on the merged
+  axis; both dispatches match the single-device run and each other."""
+  outputs = {}
+  for impl in ('einsum', 'gather'):
+    p = top2.MoELayer.Params().Set(
+        name='moe', input_dim=M, hidden_dim=H, num_experts=E, num_groups=8,
+        capacity_factor=2.0, dispatch_impl=impl,
+        second_expert_policy='random')
+    top2.MoELayer.SetExpertSharding(
+        p, np.arange(8).reshape(2, 4), mesh_axis='expert',
+        mesh_axis_names=['data', 'expert'], data_mesh_axis='data')
+    assert p.activation_split_dims_mapping.gsm[0] == ('data', 'expert')
+    rng = np.random.RandomState(0)
+    x = rng.normal(size=[B, T, M]).astype(np.float32)
+    r = check.CheckLayerParams(
+        p, (2, 4), [x, np.zeros([B, T], np.float32)],
+        fprop_kwargs={'step': np.int64(3)},
+        grad_outputs=['out[0]', 'out[1].aux_loss'])
+    assert r.ok, r.Report()
+    outputs[impl] = r.outputs
+  assert sorted(outputs['einsum']) == sorted(outputs['gather'])
+  for name, value in outputs['einsum'].items():
+    np.testing.assert_allclose(outputs['gather'][name], value, rtol=1e-5,
+                               atol=1e-6, err_msg=name)

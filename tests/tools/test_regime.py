@@ -37,9 +37,10 @@ def test_the_lm_dev_subset_keeps_every_nth_line_in_order(tmp_path):
 
 def test_an_lm_run_evaluates_on_its_eval_file_and_trains_on_the_corpus():
   runner = runs_lib.Runner('w', 'mt', 'lmdir', workers=1)
-  run = runs_lib.Run('regime_lm_moe_s1', 'lm1b.TinyMoELarge', 1, [20, 10],
-                     runs_lib.SeedOverrides(1), eval_every=10, data='lm',
-                     eval_file='w/regime/lm_dev_every_4.txt')
+  run = runs_lib.TrainerRun(
+      'regime_lm_moe_s1', 'lm1b.TinyMoELarge', 1, [20, 10],
+      runs_lib.SeedOverrides(1), eval_every=10, data='lm',
+      eval_file='w/regime/lm_dev_every_4.txt')
   cmds = runner.Commands(run)
   assert [(k, s) for k, s, _ in cmds] == [('train', 10), ('train', 20)]
   argv = cmds[0][2]
@@ -49,7 +50,7 @@ def test_an_lm_run_evaluates_on_its_eval_file_and_trains_on_the_corpus():
           "input.vocab='lmdir/vocab.txt';") in ' '.join(argv)
   # Without eval_file: the corpus's dev split, and an unchanged spec (so
   # recorded LM runs stay reusable).
-  plain = runs_lib.Run('lm_moe_s1', 'lm1b.TinyMoE', 1, [10], data='lm')
+  plain = runs_lib.TrainerRun('lm_moe_s1', 'lm1b.TinyMoE', 1, [10], data='lm')
   assert ("--eval_params_override=input.file_pattern='lmdir/dev.txt'"
           in runner.Commands(plain)[0][2])
   assert 'eval_file' not in plain.Spec()

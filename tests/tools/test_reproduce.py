@@ -6,12 +6,14 @@ quick capacity experiment, runs in tests/test_readme_reproduce.py.)"""
 import os
 import shlex
 import sys
+import types
 
 import pytest
 import sentencepiece as spm
 
 from lingshard import model_registry
 from lingshard.data import corpus_io
+from lingshard.experiments import benches
 from lingshard.experiments import page_parts
 from lingshard.experiments import probe
 from lingshard.experiments import runs as runs_lib
@@ -48,7 +50,7 @@ def test_shown_commands_paste_back_into_a_shell():
 
 def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
   runs = runs_lib
-  run = runs.Run('cc_E8_s1', 'm4.TinyMoE', 1, [10], 'input.seed=1001')
+  run = runs.TrainerRun('cc_E8_s1', 'm4.TinyMoE', 1, [10], 'input.seed=1001')
   stored = dict(name=run.name, spec=run.Spec(), spec_hash=run.SpecHash(),
                 curve=[],
                 reused_from='conditional experiment at revision abc1234')
@@ -59,7 +61,8 @@ def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
       run.name: stored}
   # Written into the work dir: reused from there next time.
   assert (tmp_path / run.name / 'result.json').exists()
-  changed = runs.Run('cc_E8_s2', 'm4.TinyMoE', 2, [10], 'input.seed=1002')
+  changed = runs.TrainerRun('cc_E8_s2', 'm4.TinyMoE', 2, [10],
+                            'input.seed=1002')
   runner = runs.Runner(str(tmp_path / 'b'), 'data', 'lm', workers=1,
                        python='/bin/false',
                        stored={changed.name: dict(stored, name=changed.name)})
@@ -72,13 +75,13 @@ def test_a_recorded_run_is_reused_only_when_its_spec_matches(tmp_path):
 
 def test_extra_trainer_flags_reach_the_train_commands_and_the_spec():
   runs = runs_lib
-  plain = runs.Run('a', 'm4.TinyMoE', 1, [10])
+  plain = runs.TrainerRun('a', 'm4.TinyMoE', 1, [10])
   assert 'flags' not in plain.Spec()  # Recorded runs' hashes stay valid.
-  warm = runs.Run('b', 'm4.TinyMoEUpcycled', 1, [10],
-                  flags=['--init_from_checkpoint=logs/d/train/ckpt-5'])
+  warm = runs.TrainerRun('b', 'm4.TinyMoEUpcycled', 1, [10],
+                         flags=['--init_from_checkpoint=logs/d/train/ckpt-5'])
   assert warm.Spec()['flags'] == ['--init_from_checkpoint=logs/d/train/ckpt-5']
-  assert warm.SpecHash() != runs.Run('b', 'm4.TinyMoEUpcycled', 1,
-                                     [10]).SpecHash()
+  assert warm.SpecHash() != runs.TrainerRun('b', 'm4.TinyMoEUpcycled', 1,
+                                            [10]).SpecHash()
   runner = runs.Runner('w', 'data', 'lm')
   (kind, stop, argv), = runner.Commands(warm)
   assert (kind, stop) == ('train', 10)
@@ -96,13 +99,13 @@ def test_the_probe_passes_only_when_every_moe_seed_is_below_every_dense():
 
 def test_a_probe_run_trains_and_evaluates_on_its_subset():
   runs = runs_lib
-  plain = runs.Run('a', 'm4.TinyMoE', 1, [10])
+  plain = runs.TrainerRun('a', 'm4.TinyMoE', 1, [10])
   # Recorded runs' hashes stay valid.
   assert not {'train_file', 'eval_file'} & set(plain.Spec())
   sub = 'w/probe_train_8/train.tsv'
-  run = runs.Run('probe_moe_s1', 'm4.TinyMoE', 1, [10],
-                 runs.SeedOverrides(1, probe.OVERRIDES), train_file=sub,
-                 eval_file=sub)
+  run = runs.TrainerRun('probe_moe_s1', 'm4.TinyMoE', 1, [10],
+                        runs.SeedOverrides(1, probe.OVERRIDES), train_file=sub,
+                        eval_file=sub)
   assert (run.Spec()['train_file'], run.Spec()['eval_file']) == (sub, sub)
   runner = runs.Runner('w', 'data', 'lm', mt_overrides='input.x=1')
   (kind, _, argv), = runner.Commands(run)
@@ -131,3 +134,17 @@ def test_the_probe_subset_spreads_over_the_pairs_training_keeps(
   assert all(len(sp.encode(r[1])) + 1 <= bound and
              len(sp.encode(r[2])) + 1 <= bound for r in sub)
   assert tokens == sum(len(sp.encode(r[2])) + 1 for r in sub)
+
+
+def test_benchmark_scripts_run_from_any_working_directory(tmp_path,
+                                                          monkeypatch):
+  """The experiments find scripts/bench_*.py in their checkout, not in the
+  working directory; the command is shown as run from the repository."""
+  monkeypatch.chdir(tmp_path)
+  ctx = types.SimpleNamespace(work_dir=str(tmp_path / 'work'))
+  shown, out = benches.RunScript(ctx, ['scripts/bench_step.py', '--help'],
+                                 'help.log')
+  assert shown == 'python scripts/bench_step.py --help'
+  assert out.startswith('usage: bench_step.py')
+  with open(tmp_path / 'work' / 'help.log', encoding='utf-8') as f:
+    assert f.read().startswith('usage: bench_step.py')

@@ -29,9 +29,13 @@ import signal
 import sys
 import time
 
-# lingshard before TensorFlow, as in the trainer: TensorFlow then loads
-# without jax, matplotlib and Keras (lingshard/startup.py; ~1 s a process).
-import lingshard  # noqa: F401  pylint: disable=unused-import
+# The start-up before TensorFlow's import, as in the trainer: TensorFlow then
+# loads without jax, matplotlib and Keras (lingshard/startup.py; ~1 s).
+from lingshard import startup
+
+if __name__ == '__main__':
+  startup.Install()
+
 from tensorflow.python.checkpoint import functional_saver
 
 from lingshard import model_registry
@@ -122,7 +126,7 @@ def TrainerMain(kill_point, kill_step, trainer_args, action=_Die):
   # background job, some test runners' workers).
   signal.signal(signal.SIGINT, signal.default_int_handler)
   sys.argv = [sys.argv[0]] + list(trainer_args)
-  trainer.Run()
+  trainer.RunFromCommandLine()
 
 
 if __name__ == '__main__':

@@ -4,6 +4,11 @@ the given flags, recording every example its input pipeline fed the step.
 argv[1]: the JSON file to write ({'rows': [[src ids, tgt labels]],
 'batch_rows': [rows per step], 'lines': the trainer's output}); the rest are trainer flags."""
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import gc
 import json
 import sys

@@ -7,6 +7,11 @@ updated weights' checksum and every MoE layer's routing (expert, slot and
 dispatch decision of each (group, token, choice)), the replicas' groups
 concatenated in order."""
 
+from lingshard import startup
+
+if __name__ == '__main__':  # A program: its start-up before TF's import.
+  startup.Install()
+
 import gc
 import json
 import threading

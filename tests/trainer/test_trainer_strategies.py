@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from lingshard import platform
 from lingshard import trainer
 from lingshard.nested_map import NestedMap
 from lingshard.train import strategies
@@ -160,6 +161,14 @@ def test_tpu_strategy_code_path(monkeypatch):
   assert (da.num_replicas, da.num_cores_per_replica) == (1, 8)
   # XLA compiles the whole replica function on TPU; no nested jit.
   assert info.kind == 'tpu' and info.jit_step is False
+  # The program's facts, decided once (lingshard/platform.py).
+  program = info.program
+  assert program == platform.Program(
+      strategy='tpu', platform='tpu', jit=True, mesh_shape=(2, 4),
+      mesh_axis_names=None, num_replicas=1)
+  assert (program.xla_compiled, program.jit_compile, program.jit_whole,
+          program.jit_halves, program.spmd) == (True, False, False, False,
+                                                True)
 
 
 def test_tpu_needs_a_name():
@@ -175,6 +184,14 @@ def test_default_jit():
   assert strategies.DefaultJit('mirrored', True) is True
   _, info = strategies.CreateStrategy('default', jit=True)
   assert info.jit_step is True
+  assert (info.program.xla_compiled, info.program.jit_whole,
+          info.program.jit_halves, info.program.spmd) == (True, True, False,
+                                                          True)
+  # Mirrored --jit: the step's halves are XLA programs, replicas are
+  # single devices (no partitioned mesh).
+  program = platform.ForStrategy('mirrored', True, num_replicas=2)
+  assert (program.jit_whole, program.jit_halves, program.spmd,
+          program.num_replicas) == (False, True, False, 2)
 
 
 def test_parse_tf_config():

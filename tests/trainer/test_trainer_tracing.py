@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from lingshard import base_input
 from lingshard import model_registry
+from lingshard import platform
 from lingshard import sharding
 from lingshard.spmd import check
 from lingshard.train import step as step_lib
@@ -45,7 +46,8 @@ def _OpTypes(concrete):
 
 
 def _TrainerStepOps(params, tmp_path, jit):
-  info = strategies.StrategyInfo(kind='default', jit_step=jit)
+  info = strategies.StrategyInfo(
+      kind='default', program=platform.ForStrategy('default', jit))
   trainer = train_loop.Trainer(params, str(tmp_path), info=info,
                                printer=lambda _: None)
   batch = next(iter(trainer.model.GetInput().GetDataset()))

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 from lingshard import hyperparams
 from lingshard import model_registry
+from lingshard import platform
 from lingshard import trainer
 from lingshard.models import regression_model
 from lingshard.nested_map import NestedMap
@@ -329,7 +330,7 @@ def test_train_loop_step_is_one_tf_function(tmp_path, jit):
   its graph and no function library, with and without XLA."""
   p = model_registry.GetParams('toy.FFRegression')
   loop = train_loop.Trainer(p, str(tmp_path), info=strategies.StrategyInfo(
-      kind='default', jit_step=jit))
+      kind='default', program=platform.ForStrategy('default', jit)))
   graph = loop.run_step.get_concrete_function(
       loop.model.GetInput().GetBatch(0)).graph
   calls = sorted({op.type for op in graph.get_operations()

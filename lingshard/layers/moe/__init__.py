@@ -14,6 +14,10 @@
   expert_choice.py expert-choice routing (Zhou et al. 2022), encoder-only
   causality.py     whether a layer's routing is causal; the decoder/LM guard
   hierarchical.py  hierarchical MoE (Shazeer App. B) over the gates above
+  bias_balance.py  aux-loss-free balancing (DeepSeek-V3 §2.1.2): the
+                   per-expert selection bias and its count update rule
+  shared.py        shared experts (DeepSeekMoE §3.2): always-on FFNs beside
+                   the routed ones
 
 Import the module you need (`from lingshard.layers.moe import top2`); this
 file imports nothing, so importing one module stays cheap. Routing

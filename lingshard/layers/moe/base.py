@@ -1,17 +1,17 @@
-"""Mixture-of-Experts FFN layers: the shared base and the GShard top-2 layer.
+"""`MoEBase`: the shared base of the Mixture-of-Experts FFN layers.
 
-`MoELayer` is GShard's position-wise MoE FFN (Lepikhin et al. 2020, §2.2,
-Algorithm 1 gating, Algorithm 2 dispatch; no residual or layer norm: the
-Transformer layer adds those). Every MoE-family layer (noisy top-k,
-hierarchical, strictly balanced, expert choice) subclasses `MoEBase` and
-keeps the FFN contract of ffn.py (the dense FFN's too):
+Every MoE-family layer (GShard's top-2 `MoELayer` in top2.py: Lepikhin et
+al. 2020, §2.2, Algorithm 1 gating, Algorithm 2 dispatch; noisy top-k,
+hierarchical, strictly balanced, expert choice) subclasses `MoEBase` (no
+residual or layer norm: the Transformer layer adds those) and keeps the
+FFN contract of ffn.py (the dense FFN's too):
 
     outputs, aux = layer.FProp(theta, inputs, paddings, step=None,
                                token_offset=0)
 
 - inputs [B, T, M] (any float dtype; computed in fprop_dtype), paddings
   [B, T] float (1.0 = pad). Returns outputs [B, T, M] (padding rows are 0)
-  and aux = NestedMap(aux_loss=float32 scalar, aux_weight=the groups with
+  and aux = NestedMap(aux_loss=float32 scalar, aux_groups=the groups with
   real tokens (what top-2's loss averages over; pipeline_aux weights
   micro-batches by it), metrics=NestedMap of float32 scalars/vectors; see
   metrics.py). aux_loss is already weighted by the
@@ -57,6 +57,7 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard import hyperparams
+from lingshard import sharding
 from lingshard import platform as platform_lib
 from lingshard.layers import base_layer
 from lingshard.layers import dropout
@@ -240,6 +241,10 @@ class MoEBase(base_layer.BaseLayer):
   def ForPipeline(cls, p, owner):
     return training_hooks.ForPipeline(p, owner)
 
+  @classmethod
+  def CombineMetricParts(cls, parts):
+    return routing_metrics.CombineParts(parts)  # Counts sum; CVs recomputed.
+
   def ExpertWeights(self):
     return {name: int(self.params.num_experts) for name in self.EXPERT_WEIGHTS
             if name in self.weight_params}
@@ -417,15 +422,16 @@ class MoEBase(base_layer.BaseLayer):
     axis = mapping[0]
     if axis is None or axis == -1:
       return None
-    mesh = np.asarray(p.device_mesh)
-    axis_idx = (list(p.mesh_axis_names).index(axis) if isinstance(axis, str)
-                else int(axis))
-    if num_groups % mesh.shape[axis_idx]:
+    size = sharding.AxisSize(p.device_mesh, axis, p.mesh_axis_names)
+    if num_groups % size:
       raise ValueError(f'{p.name}: num_groups = {num_groups} must be a '
-                       f'multiple of the mesh axis size '
-                       f'{mesh.shape[axis_idx]} to split groups over it')
-    return NestedMap(device_mesh=mesh, mesh_axis_names=p.mesh_axis_names,
-                     group_axis=axis)
+                       f'multiple of the mesh axis size {size} to split '
+                       'groups over it')
+    # Groups split over a tuple of axes (data x expert): one merged axis.
+    mesh, group_axis = sharding.MergedMeshAxis(p.device_mesh, axis,
+                                               p.mesh_axis_names)
+    return NestedMap(device_mesh=mesh, mesh_axis_names=None,
+                     group_axis=group_axis)
 
   # ------------------------------------------------------------------ fprop
   def Route(self, theta, x_gsm, nonpad_gs, token_gs, step, capacity):
@@ -518,7 +524,7 @@ class MoEBase(base_layer.BaseLayer):
     # What GShard's group loss averages over (groups with real tokens): a
     # pipeline's mean over micro-batches weighted by it is the loss of the
     # whole batch (pipeline_aux).
-    aux_weight = tf.reduce_sum(tf.cast(tf.reduce_sum(nonpad_gs, 1) > 0,
+    aux_groups = tf.reduce_sum(tf.cast(tf.reduce_sum(nonpad_gs, 1) > 0,
                                        tf.float32))
-    return outputs, NestedMap(aux_loss=aux_loss, aux_weight=aux_weight,
+    return outputs, NestedMap(aux_loss=aux_loss, aux_groups=aux_groups,
                               metrics=metrics)

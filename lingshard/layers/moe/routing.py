@@ -109,7 +109,7 @@ def RouterZLoss(logits, nonpad_gs):
 
   Averaged per group, then over the groups with real tokens, as GShard's
   group loss is (equal to the token mean when groups hold as many real
-  tokens; a pipeline's aux_weight-weighted combine over micro-batches is
+  tokens; a pipeline's aux_groups-weighted combine over micro-batches is
   then exact, pipeline_aux).
 
   Args:

@@ -9,7 +9,8 @@ of those callers imports `layers/moe/`.
 def ForPipeline(p, owner):
   """MoE params `p` fit for a GPipe body of the stack `owner`: groups by
   size (a micro-batch's groups are then the unpipelined model's,
-  pipeline_run.MicroBatchRows), no expert dropout, the einsum dispatch."""
+  pipeline_run.MicroBatchRows), no expert dropout, the einsum dispatch (an explicit 'gather' is
+  refused)."""
   if p.group_size is None:
     raise ValueError(f'{owner}: a pipelined MoE stack needs '
                      'moe_tpl.group_size (tokens per group); num_groups '
@@ -19,7 +20,12 @@ def ForPipeline(p, owner):
                      f'moe_tpl.dropout_rate 0, got {p.dropout_rate} '
                      '(expert dropout is keyed by buffer slot, not by '
                      'token)')
-  return p.Copy().Set(dispatch_impl='einsum')
+  if p.dispatch_impl == 'gather':
+    raise ValueError(f"{owner}: a pipelined MoE stack needs "
+                     "moe_tpl.dispatch_impl 'einsum' or 'auto', got 'gather' "
+                     '(its manual partitioning cannot be vectorised over '
+                     'stages)')
+  return p.Copy().Set(dispatch_impl='einsum')  # 'auto' in a pipeline.
 
 
 def CheckMesh(layer, axis_size):

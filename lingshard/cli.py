@@ -10,7 +10,7 @@ from absl import app
 from absl import flags
 
 
-def Run(main, flag_values):
+def RunMain(main, flag_values):
   """`app.run(main)` parsing argv into `flag_values` (absl's own flags,
   e.g. --verbosity, stay on the global FLAGS and keep their defaults)."""
 
