@@ -108,7 +108,7 @@ def test_layer_is_residual_norm_composition(norm, is_decoder, use_moe):
   if not use_moe:
     assert aux == NestedMap() and want_aux == NestedMap()
   else:
-    assert sorted(aux) == ['aux_loss', 'aux_groups', 'metrics']
+    assert sorted(aux) == ['aux_groups', 'aux_loss', 'metrics']
     for (k, a), (k2, b) in zip(aux.FlattenItems(), want_aux.FlattenItems()):
       assert k == k2
       np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, err_msg=k)
