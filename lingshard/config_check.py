@@ -151,7 +151,7 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
     sharded += [(x, pipe.DataShards()) for x in pipe.body.AllLayers()]
   for layer, _ in sharded:
     _Fits(layer.CheckMeshFit,
-          lambda axis, x=layer: _AxisSize(x, axis)[1:])
+          lambda axis, x=layer: _AxisSize(x, axis))
   _CheckWeights(layers)
   batch_axis, axis_label = _BatchAxis(layers)
   for label, batch, length in _TrainShapes(model_params.input):
