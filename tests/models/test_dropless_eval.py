@@ -85,14 +85,12 @@ def test_eval_score_does_not_depend_on_batch_neighbours_by_default():
   train_p = _TrainTaskParams()
   theta = _Theta(train_p, zero_router=False)
   task = train_p.cls.InferenceParams(train_p).Instantiate()
-  scores = []
-  for seed in (1, 2):
-    batch = mt_testlib.SyntheticBatch(train_p, BATCH, SRC_LEN, TGT_LEN,
-                                      seed=seed)
-    if scores:  # Row 0 of the first batch, among other neighbours.
-      batch = tf.nest.map_structure(
-          lambda new, old: tf.concat([old[:1], new[1:]], 0), batch, first)
-    first = batch
-    scores.append(_Eval(task, theta, batch)[1])
+  first, other = (mt_testlib.SyntheticBatch(train_p, BATCH, SRC_LEN,
+                                            TGT_LEN, seed=seed)
+                   for seed in (1, 2))
+  # Row 0 of the first batch, among other neighbours.
+  mixed = tf.nest.map_structure(
+      lambda new, old: tf.concat([old[:1], new[1:]], 0), other, first)
+  scores = [_Eval(task, theta, batch)[1] for batch in (first, mixed)]
   np.testing.assert_allclose(scores[1][0], scores[0][0], rtol=1e-5)
   assert np.abs(scores[1][1:] - scores[0][1:]).max() > 1e-3
