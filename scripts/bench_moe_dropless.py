@@ -44,6 +44,8 @@ def _Args():
   ap.add_argument('--experts', type=int, nargs='+', default=[8, 16, 64])
   ap.add_argument('--step', choices=['fwd', 'fwd_bwd'], default='fwd')
   ap.add_argument('--reps', type=int, default=5)
+  ap.add_argument('--block_size', type=int, default=None,
+                  help='sorted_block_size (None: AutoBlockSize).')
   return ap.parse_args()
 
 
@@ -101,7 +103,8 @@ def main():
       layer = top2.MoELayer.Params().Set(
           name='moe', input_dim=m, hidden_dim=args.hidden_dim, num_experts=e,
           num_groups=g, is_inference=True, second_expert_policy='all',
-          dispatch_impl=impl, eval_capacity_factor=cf).Instantiate()
+          dispatch_impl=impl, eval_capacity_factor=cf,
+          sorted_block_size=args.block_size).Instantiate()
       if theta is None:
         theta = layer.theta
       else:

@@ -136,7 +136,8 @@ class MoEBase(base_layer.BaseLayer):
              'tensors) | sorted (dispatch_sorted.py: only dispatched '
              'choices, sorted by expert, grouped matmuls over blocks; no '
              '[E, G, C, M] buffer; dropless at k/E of the padded cost; '
-             'single-device / data-parallel).')
+             'single-device / data-parallel; at inference the blocks run '
+             'in a while loop, in training all at once).')
     p.Define('inference_dispatch_impl', 'sorted', 'The dispatch_impl '
              'ForInference (eval, decode, export) sets: sorted (dropless '
              'without padding) | einsum (Algorithm 2, any mesh: for expert-'
@@ -535,7 +536,7 @@ class MoEBase(base_layer.BaseLayer):
     if self.dispatch_impl == 'sorted':
       out_gsm = shard(dispatch_sorted.SortedMoE(
           x_gsm, gate_out, self.BlockExpertFn(theta, step), p.num_experts,
-          p.sorted_block_size), 'gsm')
+          p.sorted_block_size, loop=p.is_inference), 'gsm')
     elif self.dispatch_impl == 'einsum':
       out_gsm = moe_dispatch.EinsumMoE(x_gsm, gate_out, expert_fn,
                                        p.num_experts, capacity, shard)

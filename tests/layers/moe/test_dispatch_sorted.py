@@ -122,13 +122,45 @@ def test_sorted_equals_padded_when_capacity_drops():
   _AssertSame(res['gather'], res['sorted'])
 
 
+def _Forward(gate, impls, jit=False, **kw):
+  """Inference: outputs, aux loss and metrics per impl (the sorted
+  dispatch runs its blocks in a while loop there)."""
+  x, pad = _Batch(seed=3)
+  theta, res = None, {}
+  for impl in impls:
+    layer = _Params(gate, dispatch_impl=impl, is_inference=True,
+                    eval_capacity_factor=None, **kw).Instantiate()
+    theta = theta or _RandomTheta(layer)
+    fn = functools.partial(layer.FProp, paddings=pad)
+    if jit:
+      fn = tf.function(fn, jit_compile=True)
+    out, aux = fn(theta, inputs=x)
+    res[impl] = (out, aux.aux_loss, aux.metrics, {})
+  return res
+
+
+@pytest.mark.parametrize('gate', sorted(GATES))
+def test_inference_block_loop_equals_padded_dropless(gate):
+  res = _Forward(gate, ('gather', 'sorted'))
+  _AssertSame(res['gather'], res['sorted'])
+
+
+@pytest.mark.parametrize('block_size', [None, 1, 5])
+def test_inference_block_loop_compiles_with_xla(block_size):
+  eager = _Forward('top2', ('gather',))['gather']
+  compiled = _Forward('top2', ('sorted',), jit=True,
+                      sorted_block_size=block_size)['sorted']
+  _AssertSame(eager, compiled)
+
+
 def _Relu(x):
   return np.maximum(x, 0)
 
 
-@pytest.mark.parametrize('block_size', [None, 1, 3, 64])
-def test_sorted_matches_per_token_numpy_loop(block_size):
-  layer = _Params('top2', dispatch_impl='sorted',
+@pytest.mark.parametrize('block_size,inference', [
+    (None, False), (1, False), (3, True), (64, False), (None, True)])
+def test_sorted_matches_per_token_numpy_loop(block_size, inference):
+  layer = _Params('top2', dispatch_impl='sorted', is_inference=inference,
                   sorted_block_size=block_size).Instantiate()
   theta = _RandomTheta(layer, seed=1)
   x, pad = _Batch(seed=4)
@@ -153,7 +185,7 @@ def test_block_layout_covers_each_dispatched_choice_once(block_size):
   layer = _Params('top2', expert_capacity=4).Instantiate()
   x, pad = _Batch(seed=6)
   routing, _, _ = layer.ComputeRouting(_RandomTheta(layer), x, pad)
-  row_a, valid_a, src_r, expert_n = (t.numpy() for t in
+  row_a, valid_a, src_r, expert_n, used = (t.numpy() for t in
                                      dispatch_sorted.SortedLayout(
                                          routing, E, block_size))
   a_len = routing.expert_gsk.numpy().size
@@ -168,13 +200,17 @@ def test_block_layout_covers_each_dispatched_choice_once(block_size):
   np.testing.assert_array_equal(src_r[row_a[valid_a]], np.nonzero(valid_a)[0])
   np.testing.assert_array_equal(expert_n[row_a[valid_a] // block_size],
                                 expert_a[valid_a])
-  # Blocks are in expert order (segments are contiguous).
+  # Blocks are in expert order (segments are contiguous); rows only in the
+  # first `used` blocks.
   assert (np.diff(expert_n) >= 0).all()
+  assert (src_r[used * block_size:] == -1).all()
+  assert (src_r[(used - 1) * block_size:used * block_size] >= 0).any()
 
 
 def test_auto_block_size_bounds_the_padding():
   assert dispatch_sorted.AutoBlockSize(16, 64) == 1
   assert dispatch_sorted.AutoBlockSize(8192, 64) == 32
+  assert dispatch_sorted.AutoBlockSize(8192, 64, loop=True) == 64
   assert dispatch_sorted.AutoBlockSize(10 ** 7, 8) == 128
   for a_len, e in ((16, 64), (1000, 8), (8192, 64), (10 ** 6, 16)):
     b = dispatch_sorted.AutoBlockSize(a_len, e)
