@@ -123,16 +123,18 @@ def _BlockLoop(x_nbm, expert_n, num_used, block_expert_fn):
   """y_nbm: the blocks [0, num_used) one at a time in a while loop (one
   expert's weights read per block, nothing gathered up front); blocks
   past num_used stay zero."""
-  nb = x_nbm.shape[0]
+  nb, b_len, m_len = x_nbm.shape
 
   def Body(i, out):
     y = block_expert_fn(x_nbm[i][tf.newaxis], expert_n[i][tf.newaxis])
-    return i + 1, tf.tensor_scatter_nd_update(out, [[i]], y)
+    return i + 1, out.write(i, y[0])
 
+  # A TensorArray, not a scatter into [nb, B, M]: in TF graphs (no XLA)
+  # each scatter would copy the whole output. Unwritten blocks stack as 0.
+  out = tf.TensorArray(x_nbm.dtype, size=nb, element_shape=[b_len, m_len])
   _, out = tf.while_loop(lambda i, _: i < num_used, Body,
-                         (tf.constant(0), tf.zeros_like(x_nbm)),
-                         maximum_iterations=nb)
-  return out
+                         (tf.constant(0), out), maximum_iterations=nb)
+  return out.stack()
 
 
 def SortedMoE(x_gsm, routing, block_expert_fn, num_experts, block_size=None,

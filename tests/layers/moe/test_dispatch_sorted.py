@@ -145,7 +145,7 @@ def test_inference_block_loop_equals_padded_dropless(gate):
   _AssertSame(res['gather'], res['sorted'])
 
 
-@pytest.mark.parametrize('block_size', [None, 1, 5])
+@pytest.mark.parametrize('block_size', [None, 1])
 def test_inference_block_loop_compiles_with_xla(block_size):
   eager = _Forward('top2', ('gather',))['gather']
   compiled = _Forward('top2', ('sorted',), jit=True,
