@@ -33,10 +33,14 @@ Two ways to run the blocks (`loop`):
   sum_e ceil(count_e / B) * B. Measured (scripts/bench_moe_dropless.py,
   XLA, E = 64, 2 shared cores, two runs): 0.82-0.96x the time of capacity
   factor 2.0, 11-14x faster than padded dropless, 8 MiB peak vs 12 MiB
-  (cf 2.0) and 256 MiB (padded). Any routing works, capacity-limited ones too (the
-dispatched flags already respect C): outputs equal the padded
-dispatchers' at the same routing. Gradients flow through the gathers
-(their backward passes are scatter-adds into x and into wi/wo [E, ...]).
+  (cf 2.0) and 256 MiB (padded). No gradient is taken through it.
+
+Any routing works, capacity-limited ones too (the dispatched flags already
+respect C): outputs equal the padded dispatchers' at the same routing. In
+training, gradients flow through the gathers (their backward passes are
+scatter-adds into x and into wi/wo [E, ...]); expert dropout masks are
+drawn per block row, not per slot, so with dropout the draws (not their
+statistics) differ from the padded dispatchers'.
 
 Sharding: this is a single-device / data-parallel path (each replica
 sorts its own tokens; expert weights replicated). No activation here is
@@ -45,8 +49,9 @@ partitioner must gather rows of wi/wo split on E by data-dependent
 indices: it replicates the weights (an all-gather of every expert's
 weights per step) or, at best, runs a masked local gather and all-reduces
 the [nb, M, H] result; neither is the all-to-all of GShard §3.2, so
-expert-sharded programs should keep the padded dispatchers (the param
-`inference_dispatch_impl` of MoEBase chooses).
+expert-sharded programs should keep the padded dispatchers (MoEBase's
+`inference_dispatch_impl='einsum'` for inference) until an
+expert-parallel sorted path exists.
 """
 
 import math
