@@ -45,6 +45,13 @@ on G, gating weights replicated, dispatched `[E, G, C, M]` and expert weights
 split on E over the same mesh axis. `dispatch_impl` = 'einsum' (Algorithm 2)
 or 'gather' (index-based; under a mesh it runs per group under manual
 partitioning, which needs XLA); both give the same outputs and gradients.
+'sorted' (dispatch_sorted.py) computes only the dispatched choices, sorted
+by expert, as grouped matmuls over blocks (no buffer padded to C): same
+outputs and gradients, a single-device / data-parallel path. Inference
+(`ForInference`: eval, decode, export) is dropless by default
+(`eval_capacity_factor` None, one-token groups) with
+`inference_dispatch_impl` ('sorted'); setting `eval_capacity_factor`
+(e.g. 2.0) and `inference_dispatch_impl='einsum'` restores the padded one.
 'auto' (the default) is resolved per platform by `AutoDispatchImpl`, in
 one place, the class hook `MoEBase.ForPlatform`: whoever builds params
 for a platform applies it with `base_layer.ResolveParams(params,
@@ -65,6 +72,7 @@ from lingshard.layers import linear
 from lingshard.layers.moe import bias_balance
 from lingshard.layers.moe import causality
 from lingshard.layers.moe import dispatch as moe_dispatch
+from lingshard.layers.moe import dispatch_sorted
 from lingshard.layers.moe import routing
 from lingshard.layers.moe import metrics as routing_metrics
 from lingshard.layers.moe import record as routing_record
@@ -74,7 +82,7 @@ from lingshard.layers.moe import training_hooks
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
 
-DISPATCH_IMPLS = ('auto', 'einsum', 'gather')
+DISPATCH_IMPLS = ('auto', 'einsum', 'gather', 'sorted')
 
 
 def AutoDispatchImpl(platform):
@@ -119,13 +127,26 @@ class MoEBase(base_layer.BaseLayer):
              'num_groups).')
     p.Define('capacity_factor', 1.0, 'Training capacity factor cf: C = '
              'ceil(cf * k * S / E); None = dropless (C = S).')
-    p.Define('eval_capacity_factor', 2.0, 'Capacity factor at inference '
-             '(GShard gives no value); None = dropless.')
+    p.Define('eval_capacity_factor', None, 'Capacity factor at inference '
+             '(GShard gives no value); None = dropless (the default: a '
+             'token\'s output then does not depend on its batch '
+             'neighbours); 2.0 was the default before dropless inference.')
     p.Define('expert_capacity', None, 'Explicit C; overrides both factors.')
     p.Define('dispatch_impl', 'auto', 'auto (per platform: '
              'AutoDispatchImpl) | einsum (GShard Algorithm 2) | gather '
              '(index-based, same numerics, no [G, S, E, C] one-hot '
-             'tensors).')
+             'tensors) | sorted (dispatch_sorted.py: only dispatched '
+             'choices, sorted by expert, grouped matmuls over blocks; no '
+             '[E, G, C, M] buffer; dropless at k/E of the padded cost; '
+             'single-device / data-parallel; at inference the blocks run '
+             'in a while loop, in training all at once).')
+    p.Define('inference_dispatch_impl', 'sorted', 'The dispatch_impl '
+             'ForInference (eval, decode, export) sets: sorted (dropless '
+             'without padding) | einsum (Algorithm 2, any mesh: for expert-'
+             'sharded inference) | gather | auto. Same outputs.')
+    p.Define('sorted_block_size', None, 'Rows per block B of the sorted '
+             'dispatch; None = dispatch_sorted.AutoBlockSize (padding '
+             'E*(B-1) rows <= a quarter of the G*S*k assignments).')
     p.Define('expert_dtype', None, 'Dtype of the expert FFNs\' matmuls '
              '(weights cast per use, inputs, hidden, outputs; e.g. '
              'tf.bfloat16): halves the bytes of the expert weights and of '
@@ -260,12 +281,13 @@ class MoEBase(base_layer.BaseLayer):
     """Decoding routes each token alone (GShard App. A.1 decodes on the
     training cluster): groups of one token (`group_size=1`), so each of a
     token's k choices, all different experts, has a slot of its own
-    (C >= 1 = S) and no token is dropped; Algorithm 2's einsum dispatch,
-    which takes any number of groups on any mesh. A token is then routed
-    as in the full forward pass whatever its batch, beam layout or step;
-    costs grow as E * tokens, fine for decoding's few tokens per step."""
+    (C >= 1 = S) and no token is dropped. A token is then routed as in
+    the full forward pass whatever its batch, beam layout or step. The
+    dispatch is `inference_dispatch_impl`: 'sorted' (default) computes
+    only the k choices of each token; 'einsum' (Algorithm 2, any number of
+    groups on any mesh) pads every expert: E * tokens rows."""
     p.Set(num_groups=None, group_size=1, expert_capacity=None,
-          dispatch_impl='einsum')
+          dispatch_impl=p.inference_dispatch_impl)
     return ['num_groups', 'group_size', 'expert_capacity', 'dispatch_impl']
 
   def CheckExpertsPerToken(self):
@@ -283,6 +305,10 @@ class MoEBase(base_layer.BaseLayer):
       raise ValueError(f'{p.name}: set exactly one of num_groups and '
                        f'group_size, got {p.num_groups}, {p.group_size}')
     self.CheckOneOf('dispatch_impl', DISPATCH_IMPLS)
+    self.CheckOneOf('inference_dispatch_impl', DISPATCH_IMPLS)
+    if p.sorted_block_size is not None and p.sorted_block_size < 1:
+      raise ValueError(f'{p.name}: sorted_block_size must be None or >= 1, '
+                       f'got {p.sorted_block_size}')
     # Built directly (params not resolved by ResolveParams): this host's.
     resolved = p.Copy()
     type(self).ForPlatform(resolved, platform_lib.Platform())
@@ -413,6 +439,29 @@ class MoEBase(base_layer.BaseLayer):
 
     return Fn
 
+  def BlockExpertFn(self, theta, step):
+    """`(x_nbm, expert_n) -> y_nbm`: the expert FFN per block of rows of
+    one expert (dispatch_sorted.py): that expert's weights gathered per
+    block, einsums `NBM,NMH->NBH`, activation, dropout, `NBH,NHM->NBM`."""
+    p = self.params
+    dtype = tf.as_dtype(p.expert_dtype or self.fprop_dtype)
+
+    def Fn(x_nbm, expert_n):
+      in_dtype = x_nbm.dtype
+      x = tf.cast(x_nbm, dtype)
+      wi = tf.gather(tf.cast(theta.wi, dtype), expert_n)
+      wo = tf.gather(tf.cast(theta.wo, dtype), expert_n)
+      h = tf.einsum('nbm,nmh->nbh', x, wi)
+      if p.use_bias:
+        h += tf.gather(tf.cast(theta.bi, dtype), expert_n)[:, tf.newaxis]
+      h = self.ActivateHidden(h, step)
+      y = tf.einsum('nbh,nhm->nbm', h, wo)
+      if p.use_bias:
+        y += tf.gather(tf.cast(theta.bo, dtype), expert_n)[:, tf.newaxis]
+      return tf.cast(y, in_dtype)
+
+    return Fn
+
   def ManualSpec(self, num_groups):
     """Manual-partitioning spec of the gather dispatch, or None."""
     p = self.params
@@ -506,7 +555,11 @@ class MoEBase(base_layer.BaseLayer):
     routing_record.Record(self, gate_out, nonpad_gs, (b, t))
     expert_fn = self.ExpertFn(theta, step)
     shard = self.ShardActivation
-    if self.dispatch_impl == 'einsum':
+    if self.dispatch_impl == 'sorted':
+      out_gsm = shard(dispatch_sorted.SortedMoE(
+          x_gsm, gate_out, self.BlockExpertFn(theta, step), p.num_experts,
+          p.sorted_block_size, loop=p.is_inference), 'gsm')
+    elif self.dispatch_impl == 'einsum':
       out_gsm = moe_dispatch.EinsumMoE(x_gsm, gate_out, expert_fn,
                                        p.num_experts, capacity, shard)
     else:

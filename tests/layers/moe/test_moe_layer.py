@@ -292,7 +292,7 @@ def test_sharding_params_and_annotations():
 
 def test_choice_params_are_checked():
   with pytest.raises(ValueError, match=r"^moe: dispatch_impl must be one of "
-                     r"\('auto', 'einsum', 'gather'\), got 'scatter'$"):
+                     r"\('auto', 'einsum', 'gather', 'sorted'\), got 'scatter'$"):
     _Layer(dispatch_impl='scatter')
   with pytest.raises(ValueError, match=r"^moe: second_expert_policy must be "
                      r"one of \('all', 'random', 'sampling'\), got 'best'$"):
@@ -369,10 +369,11 @@ def test_inference_hooks_set_decoding_routing_through_the_visitor():
   task_p = model_registry.GetParams('m4.TinyMoE', 'Train').task
   assert task_p.moe_tpl.second_expert_policy == 'random'
   p = mt_model.TransformerMTModel.InferenceParams(task_p)
-  # GShard App. A.1: one-token groups, no drops, any mesh; top-2 kept.
+  # GShard App. A.1: one-token groups, no drops; top-2 kept; the sorted
+  # dispatch computes only each token's 2 choices.
   assert (p.moe_tpl.num_groups, p.moe_tpl.group_size,
           p.moe_tpl.expert_capacity, p.moe_tpl.dispatch_impl,
-          p.moe_tpl.second_expert_policy) == (None, 1, None, 'einsum', 'all')
+          p.moe_tpl.second_expert_policy) == (None, 1, None, 'sorted', 'all')
   assert p.is_inference and not task_p.is_inference  # A copy.
   assert task_p.moe_tpl.group_size is None
   # The visitor reports what each class hook set.
