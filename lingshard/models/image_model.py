@@ -90,7 +90,7 @@ class ImageClassifier(base_model.BaseTask):
     return NestedMap(logits=tf.cast(logits, tf.float32))
 
   def ComputeLoss(self, theta, predictions, input_batch):
-    """(metrics, per_example xent / correct)."""
+    """(metrics, per_example NestedMap(xent [B]): the eval loop's loss)."""
     logits = predictions.logits
     labels = tf.cast(input_batch.label, tf.int32)
     ones = tf.ones_like(labels, tf.float32)
@@ -105,4 +105,4 @@ class ImageClassifier(base_model.BaseTask):
         loss=(tf.reduce_mean(xent.xent), n),
         log_pplx=(tf.reduce_mean(xent.nll), n),
         accuracy=(tf.reduce_mean(top1), n), acc5=(tf.reduce_mean(top5), n))
-    return metrics, NestedMap(xent=xent.nll[:, 0], correct=top1)
+    return metrics, NestedMap(xent=xent.nll[:, 0])
