@@ -1,7 +1,8 @@
 """Image classification: a ResNet-style convnet whose body may be a GPipe
 pipeline (Huang et al. 2019 §4.1 trains its image models this way).
 
-    stem   ConvBnLayer(3x3, Cin -> C) [+ 2x2 max pool]   outside the pipeline
+    stem   [ConvBnLayer(3x3) + 2x2 max pool per stem_pre_channels],
+           ConvBnLayer(3x3, -> C) [+ 2x2 max pool]       outside the pipeline
     body   L resnet.ResidualBlock(C)  [B, H, W, C] -> same shape
            (pipeline_tpl: a PipelinedLayer of K stages, M micro-batches)
     head   global average pool, linear C -> classes       outside
@@ -36,6 +37,8 @@ class ImageClassifier(base_model.BaseTask):
     p.Define('num_classes', 10, 'Classes.')
     p.Define('channels', 16, 'C: the stem\'s and the body\'s channels.')
     p.Define('stem_pool', True, 'A 2x2 max pool (stride 2) after the stem.')
+    p.Define('stem_pre_channels', [], 'Widths of conv-BN-relu layers, each '
+             'followed by a 2x2 max pool, before the stem (H and W halve).')
     p.Define('num_blocks', 2, 'L: residual blocks in the body.')
     p.Define('bn_decay', 0.99, 'Every BatchNormLayer.decay.')
     p.Define('label_smoothing', 0.0, 'eps of the training loss.')
@@ -52,11 +55,18 @@ class ImageClassifier(base_model.BaseTask):
       raise ValueError(f'{p.name}: label_smoothing must be in [0, 1), got '
                        f'{p.label_smoothing!r}')
     cin = p.image_shape[2]
-    self.CreateChild('stem', resnet.ConvBnLayer.Params().Set(
-        filter_shape=(3, 3, cin, p.channels), bn_decay=p.bn_decay))
-    if p.stem_pool:
+    pre = []
+    for width in p.stem_pre_channels:
+      pre.append(resnet.ConvBnLayer.Params().Set(
+          filter_shape=(3, 3, cin, width), bn_decay=p.bn_decay))
+      cin = width
+    if pre:
+      self.CreateChildren('stem_pre', pre)
+    if pre or p.stem_pool:
       self.CreateChild('pool', pooling.PoolingLayer.Params().Set(
           window_shape=(2, 2), window_stride=(2, 2)))
+    self.CreateChild('stem', resnet.ConvBnLayer.Params().Set(
+        filter_shape=(3, 3, cin, p.channels), bn_decay=p.bn_decay))
     block = resnet.ResidualBlock.Params().Set(channels=p.channels,
                                               bn_decay=p.bn_decay)
     if p.pipeline_tpl is None:
@@ -82,7 +92,11 @@ class ImageClassifier(base_model.BaseTask):
   def ComputePredictions(self, theta, input_batch, step=None, **kwargs):
     """NestedMap(logits [B, classes] float32)."""
     del kwargs  # No routing: examples need no global offsets.
-    x = self.stem.FProp(theta.stem, input_batch.image)
+    x = input_batch.image
+    for layer, layer_theta in zip(self.children.get('stem_pre', []),
+                                  theta.get('stem_pre', [])):
+      x = self.pool.FProp(None, layer.FProp(layer_theta, x))
+    x = self.stem.FProp(theta.stem, x)
     if self.params.stem_pool:
       x = self.pool.FProp(None, x)
     x = self.Body(theta, x, step=step)

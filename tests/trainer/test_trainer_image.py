@@ -20,6 +20,7 @@ def _Args(logdir, data_dir, max_steps, mode='train'):
           f'--max_steps={max_steps}', f'--mode={mode}', '--seed=5',
           f"--params_override=input.data_dir='{data_dir}';"
           'input.batch_size=8;task.channels=4;task.num_blocks=2;'
+          'task.stem_pre_channels=[2];'
           'task.train.save_interval_steps=2',
           f"--eval_params_override=input.data_dir='{data_dir}'"]
 
@@ -46,8 +47,8 @@ def test_moving_averages_train_resume_bitwise_and_feed_eval(tmp_path):
   assert sorted(got) == sorted(want)
   moving = [k for k in want if k.startswith('theta/') and
             k.split('/')[-3] == 'moving']
-  # The stem's BN and the 2 blocks' two BNs each.
-  assert len(moving) == 5, moving
+  # The stems' BNs (stem_pre_000, stem) and the 2 blocks' two BNs each.
+  assert len(moving) == 6, moving
   for key in moving:
     # Trained: the debiasing row is 1 - decay^4 after 4 steps, not 0.
     np.testing.assert_allclose(want[key][..., 2, :], 1.0 - 0.95**4,
