@@ -9,6 +9,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
+from lingshard import model_registry
 from lingshard import trainer
 from lingshard.data import image_prepare
 from tests.data import image_testlib
@@ -49,9 +50,10 @@ def test_moving_averages_train_resume_bitwise_and_feed_eval(tmp_path):
             k.split('/')[-3] == 'moving']
   # The stems' BNs (stem_pre_000, stem) and the 2 blocks' two BNs each.
   assert len(moving) == 6, moving
+  decay = model_registry.GetParams('gpipe.MnistResNet', 'Train').task.bn_decay
   for key in moving:
     # Trained: the debiasing row is 1 - decay^4 after 4 steps, not 0.
-    np.testing.assert_allclose(want[key][..., 2, :], 1.0 - 0.95**4,
+    np.testing.assert_allclose(want[key][..., 2, :], 1.0 - decay**4,
                                rtol=1e-5)
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
