@@ -87,6 +87,7 @@ _LONG_FILES = (
     'tests/models/test_mt_pipeline.py',
     'tests/layers/test_remat.py',
     'tests/tools/test_demo_run.py',
+    'tests/tools/test_demo_image.py',
     'tests/trainer/test_trainer_export_e2e.py',
     'tests/layers/test_pipeline.py',
     'tests/layers/test_pipeline_moe.py',

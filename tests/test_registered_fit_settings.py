@@ -62,6 +62,9 @@ EXPECTED = {
     'gpipe.DenseT96LCircular': dict(
         remat='none', mesh=(128, 16), axes=('data', 'stage'),
         pipeline=(16, 64, True), repeats=3, batch=M4_4M, bounds=M4_BOUNDS),
+    # GPipe's image half on CPU (MNIST digits): K = 2, M = 4, remat.
+    'gpipe.MnistResNet': dict(batch=64),
+    'gpipe.MnistResNetPipelined': dict(pipeline=(2, 4, True), batch=64),
     'gpipe.TransformerL3': GPIPE_L,
     'gpipe.TransformerL13': dict(GPIPE_L, pipeline=(1, 32, True)),
     'gpipe.TransformerL103': dict(GPIPE_L, mesh=(8,), pipeline=(8, 32, True)),

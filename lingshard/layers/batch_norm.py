@@ -1,15 +1,42 @@
-"""Batch normalisation whose training statistics are those of its input.
+"""Batch normalisation: micro-batch statistics, moving averages kept by
+the training step (GPipe §2.2).
 
 `y = (x - mean) / sqrt(var + eps) * gamma + beta` over the last dim D, with
 mean/var over every other position (paddings excluded). In training the
 moments are the input's own: inside a GPipe pipeline that is one
-micro-batch (GPipe §2.2). The moving averages used at inference are not
-updated inside FProp (theta is an input): `FPropWithMoments` returns the
-input's moments as NestedMap(count, mean, m2) (m2 = sum of squared
-deviations), `CombineMoments` merges moments of disjoint parts exactly
-(Chan et al. 1979), so a pipeline can return the moments of the whole
-mini-batch, and `UpdatedMoving` gives the weights with the moving averages
-moved towards them.
+micro-batch, on one replica (GPipe §2.2). At inference (`is_inference`:
+eval, decode, export) they are the moving averages.
+
+The moving averages are one non-trainable weight `moving` [3, D] of
+zero-initialised exponential moving averages: rows (mean, variance, 1),
+each `r <- decay r + (1 - decay) batch value`. Inference reads them
+debiased (divided by the third row, 1 - decay^t after t updates, as Adam
+debiases its moments), so the first update already gives the batch's
+statistics and no row needs a non-zero initial value (a pipeline stacks
+the weight with the plain initialiser); never updated: mean 0, variance 1.
+FProp cannot assign the weight (theta is an input), so the training step
+does, as for the MoE selection bias (layers/moe/bias_balance.py): in
+training, the output carries the input's shifted moment sums to `moving`'s
+gradient slot (a custom gradient that ignores the upstream gradient):
+
+    slot = [n, sum(x - m0), sum((x - m0)^2)]    (each [D]; m0 = moving mean)
+
+Sums of disjoint parts add, and gradients are summed over micro-batches,
+replicas and SPMD shards, so the step receives the sums of the whole
+mini-batch; `MovingAverage.Updated` (the weight's `update_rule`, rate
+`1 - decay`) applies the update with the mini-batch's mean and population
+variance (GPipe §2.2: moving averages over the whole mini-batch) (no change when n = 0, e.g. a pipeline's empty slots). The shift by m0 keeps
+the one-pass variance accurate in float32. The weight is checkpointed and
+restored with the others.
+
+`FPropWithMoments` also returns the input's moments as NestedMap(count,
+mean, m2) (m2 = sum of squared deviations) and `CombineMoments` merges
+moments of disjoint parts exactly (Chan et al. 1979), so a pipeline can
+report the moments of the whole mini-batch; `UpdatedMoving` is the same EMA
+applied to theta from such moments.
+
+Sharding: gamma, beta and `moving` are replicated by default
+(`weight_split_dims_mapping`); the output keeps the input's layout.
 """
 
 import tensorflow as tf
@@ -17,6 +44,8 @@ import tensorflow as tf
 from lingshard.layers import base_layer
 from lingshard.nested_map import NestedMap
 from lingshard.weight_init import WeightInit
+
+MOVING = 'moving'
 
 
 def CombineMoments(a, b):
@@ -34,6 +63,58 @@ def Variance(moments):
   return tf.math.divide_no_nan(moments.m2, moments.count)
 
 
+def MovingMean(theta):
+  """The debiased moving mean [D] (leading dims kept) of a BatchNormLayer
+  theta; 0 before the first update."""
+  moving = theta[MOVING]
+  return tf.math.divide_no_nan(moving[..., 0, :], moving[..., 2, :])
+
+
+def MovingVariance(theta):
+  """The debiased moving variance [D]; 1 before the first update."""
+  moving = theta[MOVING]
+  total = moving[..., 2, :]
+  return tf.where(total > 0, tf.math.divide_no_nan(moving[..., 1, :], total),
+                  tf.ones_like(total))
+
+
+def _Ema(moving, mean, var, count, rate):
+  """`moving` [..., 3, D] moved by `rate` towards (mean, var, 1) where the
+  count [..., D] of positions behind them is > 0."""
+  rate = tf.cast(rate, moving.dtype)
+  target = tf.stack([mean, var, tf.ones_like(mean)], axis=-2)
+  new = moving + rate * (tf.cast(target, moving.dtype) - moving)
+  count = count * tf.ones_like(moving[..., 0, :])
+  return tf.where(count[..., tf.newaxis, :] > 0, new, moving)
+
+
+class MovingAverage:
+  """`update_rule` of `moving` (base_layer.WeightParams): the step's EMA
+  from the mini-batch's shifted sums in the weight's gradient slot."""
+
+  @staticmethod
+  def Updated(moving, slot, rate):
+    slot = tf.cast(slot, moving.dtype)
+    n, s1, s2 = slot[..., 0, :], slot[..., 1, :], slot[..., 2, :]
+    shift = tf.math.divide_no_nan(s1, n)  # mean_batch - m0
+    var = tf.maximum(tf.math.divide_no_nan(s2, n) - tf.square(shift), 0.0)
+    mean = MovingMean({MOVING: moving}) + shift
+    return _Ema(moving, mean, var, n, rate)
+
+
+def _CarrySums(y, moving, sums):
+  """`y` unchanged; d/d(moving) = sums, whatever the upstream gradient."""
+  sums = tf.stop_gradient(tf.cast(sums, moving.dtype))
+
+  @tf.custom_gradient
+  def Carry(y, moving):
+    def Grad(dy):
+      return dy, sums
+    return tf.identity(y), Grad
+
+  return Carry(y, moving)
+
+
 class BatchNormLayer(base_layer.BaseLayer):
   """Normalises the last dim D of `[..., D]` inputs by batch statistics."""
 
@@ -42,19 +123,26 @@ class BatchNormLayer(base_layer.BaseLayer):
     p = super().Params()
     p.Define('input_dim', 0, 'Normalised dim D.')
     p.Define('epsilon', 1e-3, 'Added to the variance.')
-    for name in ('beta', 'gamma', 'moving_mean', 'moving_variance'):
+    p.Define('decay', 0.99, 'Moving averages: m <- decay m + (1 - decay) '
+             'batch value, once per training step.')
+    for name in ('beta', 'gamma'):
       p.weight_split_dims_mapping.Define(name, [-1], f'{name} [D].')
+    p.weight_split_dims_mapping.Define(MOVING, [-1, -1], 'moving [3, D].')
     return p
 
   def __init__(self, params):
     super().__init__(params)
+    p = self.params
     self.CheckPositive('input_dim')
-    d = self.params.input_dim
-    for name, value, trainable in (('beta', 0.0, True), ('gamma', 1.0, True),
-                                   ('moving_mean', 0.0, False),
-                                   ('moving_variance', 1.0, False)):
+    if not 0.0 <= p.decay < 1.0:
+      raise ValueError(f'{p.name}: decay must be in [0, 1), got {p.decay!r}')
+    d = p.input_dim
+    for name, value in (('beta', 0.0), ('gamma', 1.0)):
       self.CreateVariable(name, base_layer.WeightParams(
-          [d], init=WeightInit.Constant(value), trainable=trainable))
+          [d], init=WeightInit.Constant(value)))
+    self.CreateVariable(MOVING, base_layer.WeightParams(
+        [3, d], init=WeightInit.Constant(0.0), trainable=False,
+        count_update_rate=1.0 - float(p.decay), update_rule=MovingAverage))
 
   def Moments(self, inputs, paddings=None):
     """NestedMap(count [], mean [D], m2 [D]) over the non-padded positions.
@@ -63,30 +151,46 @@ class BatchNormLayer(base_layer.BaseLayer):
     """
     x = tf.cast(inputs, tf.float32)
     axes = list(range(x.shape.rank - 1))
-    if paddings is None:
-      w = tf.ones_like(x[..., :1])
-    else:
-      w = 1.0 - tf.cast(paddings, tf.float32)[..., tf.newaxis]
+    w = self._Weights(x, paddings)
     count = tf.reduce_sum(w * tf.ones_like(x[..., :1]))
     mean = tf.math.divide_no_nan(tf.reduce_sum(w * x, axes), count)
     m2 = tf.reduce_sum(w * tf.square(x - mean), axes)
     return NestedMap(count=count, mean=mean, m2=m2)
 
+  @staticmethod
+  def _Weights(x, paddings):
+    if paddings is None:
+      return tf.ones_like(x[..., :1])
+    return 1.0 - tf.cast(paddings, tf.float32)[..., tf.newaxis]
+
   def FPropWithMoments(self, theta, inputs, paddings=None):
     """(outputs [..., D], the input's Moments).
 
-    Training: normalised by the input's moments; inference: by the moving
-    averages in theta.
+    Training: normalised by the input's moments, and the output carries
+    their shifted sums to `moving`'s gradient slot (module docstring);
+    inference: normalised by the moving averages in theta.
     """
+    p = self.params
     moments = self.Moments(inputs, paddings)
-    if self.params.is_inference:
-      mean, var = theta.moving_mean, theta.moving_variance
+    if p.is_inference:
+      mean, var = MovingMean(theta), MovingVariance(theta)
     else:
       mean, var = moments.mean, Variance(moments)
     x = tf.cast(inputs, tf.float32)
-    y = (x - mean) * tf.math.rsqrt(var + self.params.epsilon)
+    y = (x - mean) * tf.math.rsqrt(var + p.epsilon)
     y = y * tf.cast(theta.gamma, tf.float32) + tf.cast(theta.beta, tf.float32)
+    if not p.is_inference:
+      y = _CarrySums(y, theta[MOVING], self._ShiftedSums(
+          x, paddings, tf.cast(MovingMean(theta), tf.float32), moments.count))
     return tf.cast(y, self.fprop_dtype), moments
+
+  def _ShiftedSums(self, x, paddings, m0, count):
+    """[3, D]: (n, sum(x - m0), sum((x - m0)^2)) over non-padded positions."""
+    axes = list(range(x.shape.rank - 1))
+    w = self._Weights(x, paddings)
+    dx = tf.stop_gradient(x) - tf.stop_gradient(m0)
+    return tf.stack([count * tf.ones_like(m0), tf.reduce_sum(w * dx, axes),
+                     tf.reduce_sum(w * tf.square(dx), axes)])
 
   def FProp(self, theta, inputs, paddings=None):
     """inputs [..., D] -> [..., D]; see FPropWithMoments."""
@@ -94,10 +198,8 @@ class BatchNormLayer(base_layer.BaseLayer):
 
   @staticmethod
   def UpdatedMoving(theta, moments, decay):
-    """theta with moving_* moved to the moments: m <- decay m + (1-decay) x."""
+    """theta with `moving` moved to the moments: m <- decay m + (1-decay) x."""
     out = theta.copy()
-    out.moving_mean = (decay * theta.moving_mean +
-                       (1.0 - decay) * moments.mean)
-    out.moving_variance = (decay * theta.moving_variance +
-                           (1.0 - decay) * Variance(moments))
+    out[MOVING] = _Ema(theta[MOVING], moments.mean, Variance(moments),
+                       moments.count, 1.0 - decay)
     return out

@@ -43,10 +43,13 @@ the longest, which costs more than the bubble saves there.
 
 import numpy as np
 
+from lingshard import base_model_params
 from lingshard import model_registry
+from lingshard.data import image_inputs
 from lingshard.layers import pipeline
 from lingshard.layers import pipeline_schedule
 from lingshard.layers.moe import top2
+from lingshard.models import image_model
 from lingshard.models import mt_model
 from lingshard.params import m4
 
@@ -256,4 +259,55 @@ class TinyMoEPipelinedCircular(TinyMoEPipelined):
     p.num_encoder_layers = p.num_decoder_layers = 8
     p.pipeline_tpl.schedule = pipeline_schedule.Circular.Params().Set(
         repeats=TINY_CIRCULAR_REPEATS)
+    return p
+
+
+# GPipe's image half on CPU: a small ResNet on 5,000 real MNIST digits
+# (lingshard/data/image_prepare.py; 4,000 train / 1,000 test, no dev split:
+# Dev and Test both read the 1,000 held-out digits).
+MNIST_BATCH = 64
+MNIST_STAGES = 2
+MNIST_MICRO_BATCHES = 4
+MNIST_BLOCKS = 2
+MNIST_STEPS = 800
+
+
+@model_registry.RegisterSingleTaskModel
+class MnistResNet(base_model_params.SingleTaskModelParams):
+  """models/image_model.ImageClassifier on 28 x 28 digits: two 3x3
+  conv-BN-relu stem layers (16 and 32 channels), each followed by a 2x2 max
+  pool, 2 residual blocks at 7 x 7 x 32, global average pool and softmax;
+  batch norm's moving averages (updated by the train step) for eval. Adam,
+  lr 3e-3 with 100 warmup steps and rsqrt decay, label smoothing 0.1.
+  Unpipelined; MnistResNetPipelined is its body as a GPipe pipeline."""
+
+  def Train(self):
+    return image_inputs.ImageInput.Params().Set(
+        split='train', batch_size=MNIST_BATCH)
+
+  def Dev(self):
+    return image_inputs.ImageInput.Params().Set(
+        split='test', batch_size=100, is_inference=True)
+
+  def Task(self):
+    p = image_model.ImageClassifier.Params().Set(
+        name='model', image_shape=(28, 28, 1), num_classes=10,
+        stem_pre_channels=[16], channels=32, num_blocks=MNIST_BLOCKS,
+        bn_decay=0.9, label_smoothing=0.1)
+    p.train.Set(optimizer='adam', learning_rate=3e-3, lr_schedule='rsqrt',
+                warmup_steps=100, max_steps=MNIST_STEPS,
+                save_interval_steps=200, eval_interval_steps=200)
+    return p
+
+
+@model_registry.RegisterSingleTaskModel
+class MnistResNetPipelined(MnistResNet):
+  """MnistResNet with its residual blocks on K = 2 stages, M = 4
+  micro-batches of 16 digits, re-materialised (GPipe §2): batch norm in the
+  body uses each micro-batch's statistics, its moving averages the whole
+  mini-batch's (§2.2); the stem and the head run outside the pipeline."""
+
+  def Task(self):
+    p = super().Task()
+    p.pipeline_tpl = PipelineParams(MNIST_STAGES, MNIST_MICRO_BATCHES)
     return p

@@ -15,6 +15,10 @@ A translation model (m4.*, gpipe.*):
 A language model (lm1b.*): lingshard/tools/demo_lm.py (lm_prepare, training
 in TF graph mode unless --jit, dev perplexity next to a unigram model).
 
+An image classifier (gpipe.MnistResNet*): lingshard/tools/demo_image.py
+(image_prepare, training for the model's own max_steps unless --max_steps,
+test top-1 accuracy next to softmax regression on the pixels).
+
 Every step is the ordinary CLI (`python -m lingshard.trainer ...`) run as a
 subprocess; the commands are printed so they can be re-run by hand.
 """
@@ -38,6 +42,7 @@ from lingshard.data import splits
 from lingshard.data import vocab
 from lingshard.models import mt_decoder
 from lingshard import cli
+from lingshard.tools import demo_image
 from lingshard.tools import demo_lm
 
 FLAGS = flags.FlagValues()
@@ -164,6 +169,22 @@ def MainLm(data_dir, logdir, start):
   print(f'TensorBoard: tensorboard --logdir {logdir}')
 
 
+def MainImage(data_dir, logdir, start):
+  """The image-classification demo (demo_image)."""
+  train_args = TrainArgs(FLAGS.jit is not False)
+  if train_args and not FLAGS['max_steps'].present:
+    train_args = [a for a in train_args if not a.startswith('--max_steps=')]
+  table, step, train_seconds = demo_image.Run(
+      FLAGS.model, data_dir, logdir, train_args, FLAGS.params_override, _Run)
+  print('\n== lingshard demo: test top-1 accuracy on 1,000 held-out MNIST '
+        'digits vs softmax regression on the pixels ==')
+  print(table)
+  print(f'\nmodel {FLAGS.model}; step {step}; training '
+        f'{train_seconds / 60:.1f} min; total '
+        f'{(time.time() - start) / 60:.1f} min')
+  print(f'TensorBoard: tensorboard --logdir {logdir}')
+
+
 def main(argv):
   """Runs the demo; a failed step's own error line is all that is printed
   (no traceback of ours after it), with its exit status (1 if killed)."""
@@ -177,10 +198,15 @@ def _Main(argv):
   del argv
   start = time.time()
   try:
-    data_dir = FLAGS.data_dir or DataDir(FLAGS.model)
+    image = demo_image.IsImage(FLAGS.model)
+    data_dir = FLAGS.data_dir or (demo_image.DataDir(FLAGS.model) if image
+                                  else DataDir(FLAGS.model))
   except LookupError as e:  # An unregistered --model.
     sys.exit(f'demo: error: {e}')
   logdir = FLAGS.logdir or os.path.join('logs', 'demo', FLAGS.model)
+  if image:
+    MainImage(data_dir, logdir, start)
+    return
   if demo_lm.IsLm(FLAGS.model):
     MainLm(data_dir, logdir, start)
     return

@@ -1,6 +1,7 @@
 """BatchNormLayer: input statistics, exact moment merging, moving averages."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from lingshard.layers import batch_norm
@@ -47,12 +48,49 @@ def test_moving_averages_update_and_are_used_at_inference():
   moments = layer.Moments(x, pad)
   theta = batch_norm.BatchNormLayer.UpdatedMoving(layer.theta, moments, 0.9)
   keep = x[pad == 0]
-  np.testing.assert_allclose(theta.moving_mean.numpy(), 0.1 * keep.mean(0),
-                             rtol=1e-5)
-  np.testing.assert_allclose(theta.moving_variance.numpy(),
-                             0.9 + 0.1 * keep.var(0), rtol=1e-5)
+  # Zero-initialised EMAs of (mean, variance, 1), read debiased.
+  np.testing.assert_allclose(theta.moving.numpy(), [
+      0.1 * keep.mean(0), 0.1 * keep.var(0), [0.1] * 3], rtol=1e-5)
+  np.testing.assert_allclose(batch_norm.MovingMean(theta).numpy(),
+                             keep.mean(0), rtol=1e-5)
   infer = _Layer(is_inference=True, epsilon=0.0)
   y = infer.FProp(theta, tf.constant(x), pad)
-  np.testing.assert_allclose(
-      y.numpy(), (x - theta.moving_mean.numpy()) /
-      np.sqrt(theta.moving_variance.numpy()), rtol=1e-4, atol=1e-5)
+  np.testing.assert_allclose(y.numpy(), (x - keep.mean(0)) /
+                             np.sqrt(keep.var(0)), rtol=1e-4, atol=1e-4)
+
+
+def test_never_updated_moving_averages_are_mean_zero_variance_one():
+  layer = _Layer(is_inference=True, epsilon=0.0)
+  x, _ = _Data()
+  np.testing.assert_allclose(layer.FProp(layer.theta, x).numpy(), x,
+                             rtol=1e-6)
+
+
+def test_training_carries_shifted_sums_and_the_rule_is_the_batch_ema():
+  layer = _Layer(decay=0.8)
+  x, pad = _Data()
+  theta = layer.theta
+  # A previous state: debiased mean 1, variance 4 (rows over total 0.5).
+  theta.moving.assign(np.array([[0.5] * 3, [2.0] * 3, [0.5] * 3], np.float32))
+  parts = []
+  for rows in (slice(0, 2), slice(2, 6)):  # Two micro-batches' slots add.
+    with tf.GradientTape() as tape:
+      tape.watch(theta.moving)
+      y = layer.FProp(theta, x[rows], pad[rows])
+      loss = 0.0 * tf.reduce_sum(y)  # The slot ignores the upstream grad.
+    parts.append(tape.gradient(loss, theta.moving).numpy())
+  slot = parts[0] + parts[1]
+  keep = x[pad == 0]
+  np.testing.assert_allclose(slot[0], [keep.shape[0]] * 3)
+  np.testing.assert_allclose(slot[1], (keep - 1.0).sum(0), rtol=1e-5)
+  np.testing.assert_allclose(slot[2], ((keep - 1.0)**2).sum(0), rtol=1e-5)
+  new = batch_norm.MovingAverage.Updated(theta.moving, slot, 0.2).numpy()
+  want = 0.8 * theta.moving.numpy() + 0.2 * np.stack(
+      [keep.mean(0), keep.var(0), np.ones(3)])
+  np.testing.assert_allclose(new, want, rtol=1e-5, atol=1e-6)
+  # An empty part (a pipeline bubble or padded slot) changes nothing.
+  np.testing.assert_array_equal(batch_norm.MovingAverage.Updated(
+      theta.moving, np.zeros([3, 3], np.float32), 0.2).numpy(),
+                                theta.moving.numpy())
+  assert layer.DeclaredWeights().moving.count_update_rate == (
+      pytest.approx(0.2))
