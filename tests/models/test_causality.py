@@ -130,7 +130,9 @@ def _AsRegistered(task):
       pp = t.pipeline_tpl
       pp.Set(num_stages=min(pp.num_stages, _MAX_STAGES),
              num_micro_batches=min(pp.num_micro_batches, _MAX_MICRO_BATCHES))
-      layers = per_body * pp.num_stages
+      # One body per stage and chunk (a circular schedule's repeats).
+      repeats = pp.schedule.repeats if 'repeats' in pp.schedule else 1
+      layers = per_body * pp.num_stages * repeats
     t.Set(num_encoder_layers=min(t.num_encoder_layers, layers),
           num_decoder_layers=min(t.num_decoder_layers, layers))
   else:
