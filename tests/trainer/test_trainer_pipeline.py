@@ -48,9 +48,10 @@ def test_micro_batches_not_dividing_the_batch_is_one_line(prepared_dir,
   overrides = (_Overrides(prepared_dir, 8) +
                ';task.pipeline_tpl.num_micro_batches=3')
   # config_check refuses it before anything is built.
-  message = ('input.bucket_batch_limits[0]=8 must be divisible by '
-             'model/dec/pipeline: num_micro_batches=3 x mesh axis 0 of size '
-             '2 = 6 (each micro-batch is split over it)')
+  # (micro_batches.NumMicroBatches, the pipeline's own rule).
+  message = ('input.bucket_batch_limits[0]=8: model/dec/pipeline: '
+             'num_micro_batches 3 does not divide the batch 8; use a divisor '
+             'of 8')
   with pytest.raises(config_check.ConfigCheckError) as e:
     _Execute(f'--model={MODEL}', f'--logdir={tmp_path}', '--mode=train',
              '--max_steps=1', f'--params_override={overrides}')
