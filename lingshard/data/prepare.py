@@ -104,7 +104,7 @@ def CheckOut(out_dir):
                                 'pass a new or empty directory')
 
 
-def _BuildBeside(out_dir, build):
+def BuildBeside(out_dir, build, prefix='.prepare_'):
   """Runs build(tmp) in a fresh directory beside `out_dir`, then renames it
   to `out_dir` (missing or empty, CheckOut); on any failure deletes only
   that directory (made here by mkdtemp) and `out_dir` stays as it was.
@@ -117,7 +117,7 @@ def _BuildBeside(out_dir, build):
   try:
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix='.prepare_', dir=parent)
+    tmp = tempfile.mkdtemp(prefix=prefix, dir=parent)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it 0o700.
@@ -169,7 +169,7 @@ def Prepare(wheel_paths, out_dir, max_chars=200, unseen_fracs=(0.02, 0.02),
                     'version': version, 'licence': licence,
                     'sha256': wheels.Sha256(path)})
     licence_files.append(files)
-  return _BuildBeside(out_dir, lambda tmp: _Write(
+  return BuildBeside(out_dir, lambda tmp: _Write(
       wheel_paths, tmp, sources, licence_files, max_chars, unseen_fracs,
       seen_fracs, salt, vocab_kwargs, read_mo, canonical_langs))
 
