@@ -45,6 +45,7 @@ if __name__ == '__main__':  # A program: its start-up before TF's import.
 import contextlib
 import functools
 import os
+import signal
 import sys
 import uuid
 
@@ -455,6 +456,10 @@ def Execute(cfg, printer=Printer):
   return RunExport(cfg, params, printer)
 
 
+INTERRUPTED = ('interrupted; every checkpoint the state file names is whole: '
+               'rerun the same command to resume from the latest')
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {argv[1:]}')
@@ -468,6 +473,10 @@ def main(argv):
           pipeline.PipelineError, config_check.ConfigCheckError) as e:
     print(f'lingshard.trainer: error: {e}', file=sys.stderr, flush=True)
     sys.exit(1)
+  except KeyboardInterrupt:  # Ctrl-C: one line, then die by SIGINT as usual.
+    print(f'lingshard.trainer: {INTERRUPTED}', file=sys.stderr, flush=True)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
 
 
 def RunFromCommandLine():

@@ -139,8 +139,13 @@ def test_killed_saves_and_a_second_trainer_then_resume_is_bitwise_identical(
       _Refused(logdir, killed.pid)
     killed.send_signal(sig)
     out, err = killed.communicate(timeout=300)
-    # (SIGINT: KeyboardInterrupt unwinds, then Python dies by SIGINT.)
+    # (SIGINT: KeyboardInterrupt unwinds, then the trainer dies by SIGINT
+    # after one line.)
     assert killed.returncode == -sig, (what, err[-3000:])
+    if sig == signal.SIGINT:
+      assert 'Traceback' not in err, err[-3000:]
+      assert err.rstrip().splitlines()[-1] == (
+          f'lingshard.trainer: {trainer.INTERRUPTED}'), err[-3000:]
     printed = _Losses(''.join(stdout) + out)
     assert sorted(printed) == list(range(resume_at, step + 1)), what
     losses.update(printed)
