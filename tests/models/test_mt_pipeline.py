@@ -186,7 +186,7 @@ GPIPE_KEYS = sorted(k for k in model_registry.ListModels()
 def test_gpipe_params_text_round_trip(key):
   p = model_registry.GetParams(key, 'Train')
   q = model_registry.GetParams(key, 'Train')
-  q.task.Set(model_dim=1)
+  q.task.Set(name='perturbed')  # Every task has a name (image ones no model_dim).
   q.FromText(p.ToText())
   assert q == p
   assert isinstance(q.task.pipeline_tpl, (hyperparams.Params, type(None)))
