@@ -27,9 +27,11 @@ demo: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/python -m lingshard.tools.smoke --model=toy.FFRegression --steps=50 --log_every=10
 
-# One test file per worker, as many workers as cores (pytest-xdist).
+# One test file per worker, as many workers as cores (pytest-xdist); the
+# 30 slowest set-ups and calls are listed, to keep the suite in its budget.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder tests
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --no-loadscope-reorder \
+	    --durations=30 tests
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
