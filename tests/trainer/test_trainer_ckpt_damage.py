@@ -3,7 +3,6 @@ line naming the file and leave every file of `train/` as it was; a save that
 fails on a full disk removes its partial files and keeps the previous
 checkpoint as the latest."""
 
-import hashlib
 import os
 import re
 import shutil
@@ -36,20 +35,6 @@ def trained(tmp_path_factory):
   logdir = tmp_path_factory.mktemp('trained')
   _Execute(logdir, 4)
   return logdir
-
-
-def _Snapshot(directory):
-  """{name: (size, mtime_ns, sha256)} of every file under `directory`."""
-  out = {}
-  for root, _, names in os.walk(directory):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, 'rb') as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-      st = os.stat(path)
-      out[os.path.relpath(path, directory)] = (st.st_size, st.st_mtime_ns,
-                                               digest)
-  return out
 
 
 def _Truncate(path):
@@ -99,7 +84,7 @@ def test_damaged_checkpoints_stop_without_writing(trained, tmp_path, case):
   shutil.copytree(trained, logdir)
   train = logdir / 'train'
   start = _Damage(train, case)
-  before = _Snapshot(train)
+  before = trainer_testlib.Snapshot(train)
   with pytest.raises(checkpointer.CheckpointError) as e:
     _Execute(logdir, 6)
   advice = re.escape(
@@ -107,7 +92,7 @@ def test_damaged_checkpoints_stop_without_writing(trained, tmp_path, case):
       'checkpoint (one line: model_checkpoint_path: "ckpt-<step>") or use a '
       'new logdir')
   assert re.fullmatch(start + advice, str(e.value)), str(e.value)
-  assert _Snapshot(train) == before
+  assert trainer_testlib.Snapshot(train) == before
 
 
 # A subprocess whose files cannot grow past 8 KiB: writes fail with EFBIG

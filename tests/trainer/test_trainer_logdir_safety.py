@@ -4,7 +4,6 @@ absolute and `..` entries, a symlinked logdir and a symlinked train/); a
 run that fails to restore keeps params.txt; one trainer per logdir; a
 train/ that is a file is one line."""
 
-import hashlib
 import os
 import re
 import shutil
@@ -38,19 +37,6 @@ def trained(tmp_path_factory):
   logdir = tmp_path_factory.mktemp('trained')
   _Execute(logdir, '--max_steps=2')
   return logdir
-
-
-def _Snapshot(directory):
-  """{relative path: (sha256, mtime_ns)} of every file under `directory`."""
-  out = {}
-  for root, _, names in os.walk(directory):
-    for name in names:
-      path = os.path.join(root, name)
-      with open(path, 'rb') as f:
-        digest = hashlib.sha256(f.read()).hexdigest()
-      out[os.path.relpath(path, directory)] = (digest,
-                                               os.stat(path).st_mtime_ns)
-  return out
 
 
 def _Victim(prefix):
@@ -110,7 +96,7 @@ def test_state_file_naming_files_elsewhere_deletes_nothing(trained, tmp_path,
             'all_model_checkpoint_timestamps: 1795791804.4\n'
             'all_model_checkpoint_timestamps: 1795791805.4\n'
             'last_preserved_timestamp: 1795791803.2\n')
-  before = _Snapshot(os.path.realpath(logdir))
+  before = trainer_testlib.Snapshot(os.path.realpath(logdir))
   message = None
   try:
     _Execute(logdir, '--max_steps=4')
@@ -121,7 +107,7 @@ def test_state_file_naming_files_elsewhere_deletes_nothing(trained, tmp_path,
       f'checkpoint state file {train}/checkpoint names {entry!r}, which is '
       f'not a ckpt-<step> checkpoint of {train}; ' +
       _ADVICE.format(train=train))
-  assert _Snapshot(os.path.realpath(logdir)) == before
+  assert trainer_testlib.Snapshot(os.path.realpath(logdir)) == before
 
 
 def test_pruning_deletes_only_unlisted_checkpoints_of_the_train_dir(
@@ -171,12 +157,12 @@ def test_failed_restore_keeps_params_txt(trained, tmp_path, case):
                 'unreadable (Read less bytes than requested); ' +
                 _ADVICE.format(train=train))
   params_txt = (logdir / 'params.txt').read_bytes()
-  before = _Snapshot(logdir)
+  before = trainer_testlib.Snapshot(logdir)
   with pytest.raises(checkpointer.CheckpointError) as e:
     _Execute(logdir, '--max_steps=4', f'--params_override={override}')
   assert (logdir / 'params.txt').read_bytes() == params_txt
   assert str(e.value) == expected
-  assert _Snapshot(logdir) == before
+  assert trainer_testlib.Snapshot(logdir) == before
 
 
 def test_second_trainer_is_refused_until_the_lock_is_released(tmp_path):
@@ -185,10 +171,10 @@ def test_second_trainer_is_refused_until_the_lock_is_released(tmp_path):
   tests/trainer/test_trainer_resume.py.)"""
   logdir = tmp_path / 'run'
   with logdir_lock.Hold(str(logdir)):
-    before = _Snapshot(logdir)
+    before = trainer_testlib.Snapshot(logdir)
     with pytest.raises(trainer.ConfigError) as e:
       _Execute(logdir, '--max_steps=1')
-    assert _Snapshot(logdir) == before
+    assert trainer_testlib.Snapshot(logdir) == before
   holder = re.escape(f'pid {os.getpid()} on {socket.gethostname()}, started ')
   assert re.fullmatch(
       re.escape(f'--logdir {logdir} is in use by another trainer (') + holder +

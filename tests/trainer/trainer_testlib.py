@@ -2,6 +2,7 @@
 trainer binary in a subprocess."""
 
 import glob
+import hashlib
 import os
 import subprocess
 import sys
@@ -70,4 +71,19 @@ def Events(directory):
         out.setdefault(value.tag, []).append(
             (event.step, tf.make_ndarray(value.tensor),
              value.metadata.plugin_data.plugin_name))
+  return out
+
+
+def Snapshot(directory):
+  """{relative path: (size, mtime_ns, sha256)} of every file under
+  `directory`: equal before and after = nothing was written there."""
+  out = {}
+  for root, _, names in os.walk(directory):
+    for name in names:
+      path = os.path.join(root, name)
+      with open(path, 'rb') as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+      st = os.stat(path)
+      out[os.path.relpath(path, directory)] = (st.st_size, st.st_mtime_ns,
+                                               digest)
   return out
