@@ -92,6 +92,15 @@ _PARAM_RE = re.compile(  # Google `x:` / `x (int):`, Sphinx `:param x:`.
     r'^(\s*)(?:\**[A-Za-z_]\w*(?: \([^)]*\))?|:[a-z]+(?: [^:`]*)?):\s+(?=\S)')
 _ROLE_RE = re.compile(r':[a-z]+(?::[a-z]+)?:(?=`)')
 _LINK_RE = re.compile(r'`([^`<]*?)\s*<[^>]*>`_+')
+_DOC_NODES = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+_STMT_NODES = (ast.stmt, ast.excepthandler, ast.match_case)
+# A comment or a string literal (tokenize's patterns; a prefix is skipped).
+_SCAN_RE = re.compile(
+    r"#[^\r\n]*"
+    r"|'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
+    r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
+    r"|'[^\n'\\]*(?:\\.[^\n'\\]*)*'"
+    r'|"[^\n"\\]*(?:\\.[^\n"\\]*)*"', re.S)
 
 FLAGS = flags.FlagValues()
 flags.DEFINE_string('out', None, 'Output directory (new or empty).',
@@ -130,30 +139,56 @@ def PrepareArgs(data_dir):
   return corpus_io.BuilderArgs('lingshard.data.lm_prepare', data_dir,
                                LARGE_NAME, '--sources=large')
 
-def ProseBlocks(source):
-  """Docstrings and comment blocks of one module's source text."""
-  blocks = []
-  try:
-    tree = ast.parse(source)
-  except (SyntaxError, ValueError):
-    return blocks
-  for node in ast.walk(tree):
-    if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef,
-                         ast.AsyncFunctionDef)):
+def _Docstrings(tree):
+  """Docstrings of a module's module / class / function nodes, in
+  ast.walk's breadth-first order. Only statements can hold a def, so the
+  walk skips expressions (most of the tree): same nodes, same order."""
+  blocks, queue = [], [tree]
+  for node in queue:
+    if isinstance(node, _DOC_NODES):
       doc = ast.get_docstring(node)
       if doc:
         blocks.append(doc)
+    queue.extend(c for c in ast.iter_child_nodes(node)
+                 if isinstance(c, _STMT_NODES))
+  return blocks
+
+
+def _Comments(source):
+  """(row, text) of the comment tokens of valid Python source. Before 3.12
+  tokenize is pure Python (most of the corpus build): a '#' outside a
+  string literal starts a comment, so one regex scan over strings and
+  comments finds the same tokens. 3.12's f-strings nest quotes and its
+  tokenize is C, and a lone CR splits rows differently: tokenize."""
+  if sys.version_info >= (3, 12) or '\r' in source:
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+      if tok.type == tokenize.COMMENT:
+        yield tok.start[0], tok.string
+    return
+  row, pos = 1, 0
+  for m in _SCAN_RE.finditer(source):
+    if source[m.start()] == '#':
+      row += source.count('\n', pos, m.start())
+      pos = m.start()
+      yield row, m.group()
+
+
+def ProseBlocks(source):
+  """Docstrings and comment blocks of one module's source text."""
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError):
+    return []
+  blocks = _Docstrings(tree)
   comments, last_row = [], None
   try:
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-      if tok.type != tokenize.COMMENT:
-        continue
-      text = tok.string.lstrip('#').strip()
-      if last_row is not None and tok.start[0] != last_row + 1:
+    for row, string in _Comments(source):
+      text = string.lstrip('#').strip()
+      if last_row is not None and row != last_row + 1:
         blocks.append('\n'.join(comments))
         comments = []
       comments.append(text)
-      last_row = tok.start[0]
+      last_row = row
   except (tokenize.TokenError, SyntaxError):
     pass
   if comments:

@@ -1,9 +1,12 @@
 """lm_prepare (English prose of Python sources) and LmInput batches."""
 
+import ast
 import hashlib
+import io
 import json
 import os
 import platform
+import tokenize
 
 import numpy as np
 import pytest
@@ -40,6 +43,55 @@ def _Root(tmp_path, n=12):
   (root / 'test').mkdir()
   (root / 'test' / 'mod.py').write_text('"""Skipped test module prose here."""')
   return str(root)
+
+
+# '#' and quotes inside strings, escaped quotes, implicit concatenation
+# with a comment between its parts, f-strings, a backslash continuation,
+# docstrings of nested and compound-statement defs.
+_TRICKY = '\n'.join([
+    r'"""Module doc. It has a # sign and a \""" quote."""',
+    r"""x = 'a # b' "c 'd' # e" + f"{1 + 1:#x} # f"  # First comment block.""",
+    '# Still the first block.',
+    'y = ("""multi',
+    '# not a comment',
+    'line""" # Second block.',
+    '     "z")  # Third block, in a parenthesis.',
+    '',
+    'if x:',
+    '  class A:',
+    '    """Class doc in an if. It is nested."""',
+    r"    def f(self, s='\\'):  # Fourth block.",
+    r"      '''Method doc with an escaped \''' quote.",
+    "      # Not a comment either.'''",
+    '      return s + \\',
+    "          '#'",
+    'try:',
+    '  pass',
+    'except ValueError:',
+    '  async def g():',
+    '    """Doc of a def in a handler."""',
+    '# Last block',
+    ''])
+
+
+def test_prose_blocks_equal_the_ast_walk_and_tokenize_definition():
+  """ProseBlocks (which skips expressions and scans comments with a regex)
+  gives the docstrings of ast.walk's nodes and the tokenize COMMENT runs."""
+  want = [ast.get_docstring(n) for n in ast.walk(ast.parse(_TRICKY))
+          if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef,
+                            ast.AsyncFunctionDef))]
+  want = [d for d in want if d]
+  runs = []
+  for tok in tokenize.generate_tokens(io.StringIO(_TRICKY).readline):
+    if tok.type == tokenize.COMMENT:
+      text = tok.string.lstrip('#').strip()
+      if runs and runs[-1][0] == tok.start[0] - 1:
+        runs[-1] = (tok.start[0], runs[-1][1] + '\n' + text)
+      else:
+        runs.append((tok.start[0], text))
+  want += [text for _, text in runs]
+  assert len(want) == 8  # 4 docstrings, 4 comment blocks.
+  assert lm_prepare.ProseBlocks(_TRICKY) == want
 
 
 def test_sentences_split_dedup_and_byte_identical_rerun(tmp_path):
