@@ -50,16 +50,13 @@ Before restoring, the checkpoint's variable names, shapes and dtypes are
 compared with the run's: the first difference (in sorted path order) is
 reported by name instead of TF's list of unresolved objects.
 
-Layouts: a pipeline's stacked weights have the same shape under another
-schedule or stage split (L = 4, K = 2: fill-drain keeps layers {0, 1} on
-stage 0, Circular(R=2) {0, 2}), so each layer's `WeightLayout()` (which
-layer each slot holds) is saved under `layout/<layer path>`, never
-trained, and a Restore or WarmStart whose layout differs is refused in one
-line naming the layer and both layouts, before anything is read into the
-model. A checkpoint without `layout/` keys (written before layouts were
-recorded) restores as before, with a logged warning: it cannot be checked,
-and refusing it would strand every older run; its next save records the
-run's layout.
+Layouts: a pipeline's stacked weights keep their shape under another
+schedule or stage split (L = 4, K = 2: fill-drain holds layers {0, 1} on
+stage 0, Circular(R=2) {0, 2}), so each layer's `WeightLayout()` is saved
+under `layout/<layer path>` (never trained) and Restore / WarmStart refuse
+another layout in one line naming the layer and both layouts, before
+reading anything. A checkpoint without it (older runs) restores unchecked
+with a logged warning, rather than stranding every older run.
 
 Every weight is saved whole (its full shape): the device mesh and split
 mappings are a layout the step's sharding annotations give the weights
