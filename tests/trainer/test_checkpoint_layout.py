@@ -21,10 +21,10 @@ _FILL_DRAIN = [[0, 1], [2, 3]]
 _CIRCULAR = [[0, 2], [1, 3]]
 
 
-def _State(schedule, seed=1):
+def _State(schedule, seed=1, stage_splits=None):
   task = pipeline.PipelinedLayer.Params().Set(
       name='stack', num_layers=4, num_stages=2, num_micro_batches=2,
-      schedule=schedule, random_seed=seed,
+      schedule=schedule, random_seed=seed, stage_splits=stage_splits,
       body_tpl=pipeline_testlib.MlpBody.Params()).Instantiate()
   return state_lib.TrainState(task)
 
@@ -76,6 +76,19 @@ def test_another_pipeline_layout_is_refused_in_one_line(tmp_path):
       str(tmp_path), again, include_optimizer=False).Restore() == (3, False)
   for got, want in zip(_Values(again), _Values(fill_drain)):
     np.testing.assert_array_equal(got, want)
+
+
+def test_another_stage_split_is_refused(tmp_path):
+  """Fill-drain [1, 3] vs [3, 1]: both [2, 3] slots, padded differently."""
+  checkpointer.Checkpointer(str(tmp_path), _State(
+      pipeline_schedule.FillDrain.Params(), stage_splits=[1, 3]),
+                            include_optimizer=False).Save(0)
+  other = _State(pipeline_schedule.FillDrain.Params(), stage_splits=[3, 1])
+  with pytest.raises(checkpointer.CheckpointError, match=re.escape(
+      "pipeline 'stack' holds layers [[0, -1, -1], [1, 2, 3]] in the "
+      'checkpoint but [[0, 1, 2], [3, -1, -1]] in the model')):
+    checkpointer.Checkpointer(str(tmp_path), other,
+                              include_optimizer=False).Restore()
 
 
 def test_a_checkpoint_without_a_layout_record_restores(tmp_path):
