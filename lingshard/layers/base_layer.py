@@ -204,6 +204,13 @@ class BaseLayer(tf.Module):
     (train/init_rules.py). Default: none."""
     return {}
 
+  def WeightLayout(self):
+    """An int array recorded in checkpoints (train/checkpointer.py): which
+    layer each slot of this layer's stacked weights holds (-1: padding).
+    A checkpoint with another layout is refused, since weights of one
+    shape would restore permuted. Default: None (no layout)."""
+    return None
+
   def CheckMeshFit(self, axis_size):
     """ValueError (one line) if the layer's split does not fit its mesh;
     `axis_size(axis) -> (size, label)` of a mesh axis (config_check).

@@ -81,6 +81,7 @@ Inference (`is_inference`): the same weights run unpipelined, layer after
 layer on the whole batch (`FPropUnpipelined`).
 """
 
+import numpy as np
 import tensorflow as tf
 
 from lingshard import sharding
@@ -463,6 +464,11 @@ class PipelinedLayer(base_layer.BaseLayer):
     """[K, b, ...]: K over the stage axis, b over the batch axis."""
     p = self.params
     return self.AnnotateLeading(t, [p.stage_mesh_axis, p.batch_mesh_axis])
+
+  def WeightLayout(self):
+    """[K, S]: the layer slot s of stage k holds, -1 when padded (a
+    fill-drain and a circular run of one shape differ here)."""
+    return np.where(self._stack.active > 0, self._stack.layer_ids, -1)
 
   @property
   def stack(self):

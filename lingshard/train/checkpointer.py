@@ -7,6 +7,7 @@ Layout of `<logdir>/train/`:
     theta/<weight path>/.ATTRIBUTES/VARIABLE_VALUE      e.g. theta/model/fc_000/w
     opt/<weight path>/<slot>/.ATTRIBUTES/VARIABLE_VALUE e.g. opt/model/fc_000/w/m
     step/..., seed/...            int64 update count and the run's seed
+    layout/<layer path>/...       int64 slot -> layer map of a pipeline
     data/.ATTRIBUTES/ITERATOR_STATE  the tf.data iterator (when enabled)
 
 The state file is TensorFlow's CheckpointState text (so
@@ -49,6 +50,14 @@ Before restoring, the checkpoint's variable names, shapes and dtypes are
 compared with the run's: the first difference (in sorted path order) is
 reported by name instead of TF's list of unresolved objects.
 
+Layouts: a pipeline's stacked weights keep their shape under another
+schedule or stage split (L = 4, K = 2: fill-drain holds layers {0, 1} on
+stage 0, Circular(R=2) {0, 2}), so each layer's `WeightLayout()` is saved
+under `layout/<layer path>` (never trained) and Restore / WarmStart refuse
+another layout in one line naming the layer and both layouts, before
+reading anything. A checkpoint without it (older runs) restores unchecked
+with a logged warning, rather than stranding every older run.
+
 Every weight is saved whole (its full shape): the device mesh and split
 mappings are a layout the step's sharding annotations give the weights
 inside a compiled program, not part of the checkpoint, so a checkpoint
@@ -66,10 +75,12 @@ import uuid
 
 from absl import logging
 from google.protobuf import text_format
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.training import checkpoint_state_pb2
 
 _THETA = 'theta/'
+_LAYOUT = 'layout/'
 _SUFFIX = '/.ATTRIBUTES/VARIABLE_VALUE'
 STATE_FILE = 'checkpoint'
 _PREFIX = 'ckpt'
@@ -111,6 +122,29 @@ def _Tree(by_path):
       node = node.setdefault(part, {})
     node[parts[-1]] = by_path[path]
   return root
+
+
+def _LayoutKey(path):
+  return f'{_LAYOUT}{path}{_SUFFIX}'
+
+
+def _LayoutMismatch(reader, layouts):
+  """The one-line reason the checkpoint's layouts differ from `layouts`
+  ({layer path: int array}), or None; a missing record is a warning."""
+  shapes = reader.get_variable_to_shape_map()
+  for name, ours in sorted(layouts.items()):
+    key = _LayoutKey(name)
+    if key not in shapes:
+      logging.warning('The checkpoint records no weight layout of %s; '
+                      'restoring it as this run\'s %s.', name, ours.tolist())
+      continue
+    theirs = reader.get_tensor(key)
+    if theirs.shape != ours.shape or not np.array_equal(theirs, ours):
+      return (f'pipeline {name!r} holds layers {theirs.tolist()} in the '
+              f'checkpoint but {ours.tolist()} in the model (stage -> slot '
+              '-> layer, -1 padding): another schedule or stage split would '
+              'restore its layers permuted')
+  return None
 
 
 def _Describe(shape, dtype):
@@ -306,6 +340,12 @@ class Checkpointer:
     self._theta = state.ThetaByPath()
     self._slots = state.SlotsByPath() if include_optimizer else {}
     objects = dict(step=state.step, seed=state.seed, theta=_Tree(self._theta))
+    self._layouts = {name: np.asarray(v, np.int64)
+                     for name, v in state.layouts.items()}
+    if self._layouts:  # Saved, never trained nor restored (compared).
+      objects['layout'] = _Tree({
+          name: tf.Variable(v, trainable=False, name=f'{name}/layout')
+          for name, v in self._layouts.items()})
     if include_optimizer:
       objects['opt'] = _Tree(self._slots)
     self._has_iterator = iterator is not None
@@ -346,6 +386,11 @@ class Checkpointer:
   def CheckCompatible(self, path, reader=None):
     """Raises CheckpointError naming the first variable that differs."""
     reader = reader or Reader(path)
+    mismatch = _LayoutMismatch(reader, self._layouts)
+    if mismatch:
+      raise CheckpointError(f'checkpoint {path} does not match the model: '
+                            f'{mismatch}; resume with the layout it was '
+                            'trained with, or use a new logdir')
     shapes = reader.get_variable_to_shape_map()
     dtypes = reader.get_variable_to_dtype_map()
     for prefix, kind, ours in (('theta', 'variable', self._theta),
@@ -417,6 +462,11 @@ class Checkpointer:
     shape; extra checkpoint variables are ignored.
     """
     reader = Reader(path, what='--init_from_checkpoint file')
+    mismatch = _LayoutMismatch(reader, self._layouts)
+    if mismatch:
+      raise CheckpointError(f'--init_from_checkpoint {path}: {mismatch}; '
+                            'start from it with the layout it was trained '
+                            'with')
     shapes = reader.get_variable_to_shape_map()
     for name in sorted(self._theta):
       key = WeightKey(name)

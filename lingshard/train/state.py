@@ -5,6 +5,8 @@
 - `opt_state`: one variable per optimizer slot, a NestedMap like theta
   whose leaves are slot NestedMaps (`opt_state.fc[0].w.m`);
 - `step`: int64 number of updates applied;
+- `layouts`: {layer path: int array} of the layers with a WeightLayout
+  (a pipeline's slot -> layer map), recorded in checkpoints, not trained;
 - `seed`: the task's random_seed. Initialisation and routing randomness are
   stateless functions of (seed, step, layer path), so (seed, step) is the
   whole RNG state a resumed run needs.
@@ -55,6 +57,8 @@ class TrainState:
                             trainable=False)
     self.seed = tf.Variable(int(task.params.random_seed), dtype=tf.int64,
                             name='random_seed', trainable=False)
+    self.layouts = {layer.path: layout for layer in task.AllLayers()
+                    if (layout := layer.WeightLayout()) is not None}
 
   def ThetaByPath(self):
     """{weight path: variable}."""
