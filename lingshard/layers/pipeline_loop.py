@@ -46,7 +46,6 @@ gradient as theta. Indexing the iterations dim (never split) is local.
 import numpy as np
 import tensorflow as tf
 
-from lingshard import sharding
 from lingshard.layers import pipeline_remat
 from lingshard.layers import pipeline_stages
 
@@ -110,17 +109,11 @@ class LoopedSchedule:
             tf.gather(tf.constant(np.maximum(src, 0)), i))
 
   def _Specs(self, elems):
-    """The stage function's outputs [K, ...] as (shape, dtype), from one
-    stage traced in a graph of its own (nothing joins the program)."""
-    k = self._k
-
-    def Trace(*ts):
-      return self._one_stage(list(ts))
-
-    fn = sharding.Function(Trace, xla_compiled=True)
-    graph = fn.get_concrete_function(
-        *[tf.TensorSpec(t.shape[1:], t.dtype) for t in elems]).graph
-    return [([k] + t.shape.as_list(), t.dtype) for t in graph.outputs]
+    """The stage function's outputs [K, ...] as (shape, dtype), from the
+    forward loop's stage function traced ahead of the loop."""
+    return self._run.OverStagesSpecs('forward', self._one_stage, elems,
+                                     self._k,
+                                     self._layer.params.stage_mesh_axis)
 
   def Outputs(self):
     """(outputs [M, b, ...], [(per slot aux, valid [K, S])] per iteration),

@@ -99,6 +99,25 @@ class PipelineRun:
     annotations gain the stage dim (sharding.VectorizedOver)."""
     if k == 1:
       return [t[tf.newaxis] for t in fn([t[0] for t in elems])]
+    return self._Vectorised(name, fn, stage_mesh_axis)(*elems)
+
+  def OverStagesSpecs(self, name, fn, elems, k, stage_mesh_axis):
+    """[(shape, dtype)] of `OverStages(name, fn, elems, ...)`'s outputs,
+    traced in a graph of their own (nothing joins the program). K > 1: the
+    vectorised function's trace, which OverStages then reuses (one trace
+    and pfor conversion of the stage, not a second trace for the shapes)."""
+    if k == 1:
+      def Trace(*ts):
+        return fn(list(ts))
+
+      graph = sharding.Function(Trace, xla_compiled=True).get_concrete_function(
+          *[tf.TensorSpec(t.shape[1:], t.dtype) for t in elems]).graph
+      return [([1] + t.shape.as_list(), t.dtype) for t in graph.outputs]
+    graph = self._Vectorised(name, fn, stage_mesh_axis).get_concrete_function(
+        *[tf.TensorSpec(t.shape, t.dtype) for t in elems]).graph
+    return [(t.shape.as_list(), t.dtype) for t in graph.outputs]
+
+  def _Vectorised(self, name, fn, stage_mesh_axis):
     if name not in self.vectorised:
       def Vectorised(*ts):
         with sharding.VectorizedOver(stage_mesh_axis):
@@ -108,4 +127,4 @@ class PipelineRun:
       # program's choice (sharding.Function).
       self.vectorised[name] = sharding.Function(Vectorised,
                                                 xla_compiled=True)
-    return self.vectorised[name](*elems)
+    return self.vectorised[name]

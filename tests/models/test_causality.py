@@ -236,14 +236,21 @@ def _Probe(t, rows=B):
     yield diff[earlier].max(), diff[~earlier].max()
 
 
+# Read by the trainer (train.*) and by Decode (decode.*), never by the
+# teacher-forced ComputePredictions the probe runs.
+_NOT_IN_LOGITS = ('train.', 'decode.')
+
+
 def _Unique(configs):
-  """{shrunk params text: (keys, shrunk params)}: equal shrunk configs
-  (e.g. the Tiny variants) run once."""
+  """{shrunk params text: (keys, shrunk params)}: configs equal when shrunk
+  up to _NOT_IN_LOGITS (e.g. the Tiny variants) run once."""
   out = {}
   for key, task in configs.items():
     t = _AsRegistered(task)
     assert _Leaks(t) == _Leaks(task), key
-    keys, _ = out.setdefault(t.ToText(), ([], t))
+    text = '\n'.join(line for line in t.ToText().splitlines()
+                     if not line.startswith(_NOT_IN_LOGITS))
+    keys, _ = out.setdefault(text, ([], t))
     keys.append(key)
   return out
 

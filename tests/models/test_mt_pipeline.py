@@ -56,31 +56,46 @@ def _Tensors(theta):
   return theta.Transform(tf.convert_to_tensor)
 
 
-def _LossAndGrads(task, theta, batch, step=3):
-  """(loss, grads) of the train step, traced once (graph mode is faster)."""
+def _StepFn(task, step=3):
+  """The train step's (loss, grads) as a tf.function (graph mode is
+  faster); calls with same-shaped theta and batch reuse its trace."""
 
   def Step(th, b):
     metrics, _, grads = task.LossAndGradients(
         th, b, step=tf.constant(step, tf.int64))
     return metrics.loss[0], grads
 
+  return tf.function(Step, autograph=False)
+
+
+def _LossAndGrads(task, theta, batch, step_fn=None):
+  """(loss, grads) of the train step (`step_fn`: a traced _StepFn(task))."""
   batch = batch.copy()
   batch.pop('lang', None)
-  loss, grads = tf.function(Step, autograph=False)(theta, batch)
+  loss, grads = (step_fn or _StepFn(task))(theta, batch)
   return float(loss), grads
 
 
+@pytest.fixture(scope='module')
+def plain():
+  """The unpipelined 3 + 4 layer reference and its step, traced once for
+  both parametrizations below (each feeds it its own weights)."""
+  task = _Params().Instantiate()
+  return task, _StepFn(task)
+
+
 @pytest.mark.parametrize('num_stages,num_micro_batches', [(1, 1), (2, 4)])
-def test_pipelined_model_matches_unpipelined(num_stages, num_micro_batches):
+def test_pipelined_model_matches_unpipelined(num_stages, num_micro_batches,
+                                             plain):
   piped = _Params(num_stages, num_micro_batches).Instantiate()
-  plain = _Params().Instantiate()
+  plain, plain_step = plain
   batch = mt_testlib.SyntheticBatch(piped.params, batch_size=8, seed=1)
   theta = _Tensors(piped.theta)
   ref_theta = _Unpipelined(piped, theta)
   assert ref_theta.Transform(lambda t: t.shape).FlattenItems() == (
       plain.theta.Transform(lambda t: t.shape).FlattenItems())
   loss, grads = _LossAndGrads(piped, theta, batch)
-  ref_loss, ref_grads = _LossAndGrads(plain, ref_theta, batch)
+  ref_loss, ref_grads = _LossAndGrads(plain, ref_theta, batch, plain_step)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
   got = _Unpipelined(piped, grads).FlattenItems()
   want = ref_grads.FlattenItems()
