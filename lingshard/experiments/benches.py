@@ -100,4 +100,6 @@ def Gpipe(ctx):
   return dict(command=shown, output=out,
               memory=_ReadCsv(os.path.join(out_dir, 'gpipe_memory.csv')),
               efficiency=_ReadCsv(os.path.join(out_dir,
-                                               'gpipe_efficiency.csv')))
+                                               'gpipe_efficiency.csv')),
+              schedule=_ReadCsv(os.path.join(out_dir,
+                                             'gpipe_schedule.csv')))

@@ -111,7 +111,11 @@ CONFIGS = {
                  capacity_factors=CAPACITY_FACTORS, dev_rows=0,
                  bench_step_reps=3, bench_step_batches=12,
                  spmd_devices='2,4,8,16,32,64', moe_experts='8 16 64',
-                 moe_reps=3, gpipe_args=('--quick',), mt_overrides='',
+                 moe_reps=3,
+                 # Tables (a), (b) of the --quick subset; (c), the schedule
+                 # table (issue 49), in full: K in {2, 4}, M in {4, 8}.
+                 gpipe_args=('--quick', '--parts=memory,efficiency,schedule'),
+                 mt_overrides='',
                  probe_rows=PROBE_ROWS, probe_steps=PROBE_STEPS,
                  probe_eval_every=PROBE_EVAL_EVERY, probe_seeds=(1, 2, 3),
                  **REGIME),
@@ -126,6 +130,9 @@ CONFIGS = {
                   gpipe_args=('--mem_layers=4', '--mem_micro_batches=1,8',
                               '--stages=2', '--micro_batches=1,8',
                               '--eff_layers=4', '--run_reps=1',
+                              '--parts=memory,efficiency,schedule',
+                              '--sched_stages=2', '--sched_micro_batches=4',
+                              '--sched_repeats=2',
                               '--mem_batch_size=32', '--batch_size=16'),
                   # One bucket shape: one trace per step function.
                   mt_overrides='input.bucket_upper_bounds=[64];'

@@ -449,9 +449,17 @@ def Gpipe(res, res_dir):
             '(exact); `seconds` / `speedup` are wall-clock on K virtual '
             'devices sharing 2 cores (and whatever else the machine runs), '
             'not a pipeline speedup measurement.', '']
-  for key, title in (('memory', 'Memory'), ('efficiency', 'Efficiency')):
+  for key, title in (('memory', 'Memory'), ('efficiency', 'Efficiency'),
+                     ('schedule', 'Schedule, fill-drain vs circular')):
+    if res.get(key) is None:  # A result recorded before that table.
+      continue
     lines += [f'{title} (`scripts/bench_gpipe.py`):', '']
     lines += pp.CsvTable(res[key])
+  if res.get('schedule') is not None:
+    lines += ['Schedule: predicted ratio = ((R M + K - 1) / R) / '
+              '(M + K - 1), circular runs R M + K - 1 iterations of 1/R of '
+              'a stage\'s layers (lingshard/layers/pipeline_schedule.py).',
+              '']
   png = os.path.join(res_dir, 'gpipe.png')
   lines += [f'![gpipe](results/{os.path.basename(png)})', '']
   return lines + pp.Commands(res), [png]
