@@ -37,6 +37,16 @@ def _Values(state):
   return [v.numpy() for v in state.theta.Flatten()]
 
 
+def _RestoredZeroed(logdir, schedule):
+  """A new state of `schedule`, its weights zeroed, restored from logdir:
+  (state, Restore()'s answer)."""
+  state = _State(schedule)
+  for var in state.theta.Flatten():
+    var.assign(tf.zeros_like(var))
+  return state, checkpointer.Checkpointer(
+      logdir, state, include_optimizer=False).Restore()
+
+
 def test_another_pipeline_layout_is_refused_in_one_line(tmp_path):
   fill_drain = _State(pipeline_schedule.FillDrain.Params())
   fill_drain.step.assign(3)
@@ -69,11 +79,9 @@ def test_another_pipeline_layout_is_refused_in_one_line(tmp_path):
     np.testing.assert_array_equal(got, want)
   assert int(circular.step.numpy()) == 0 and int(circular.seed.numpy()) == 2
   # The same layout restores, weight for weight.
-  again = _State(pipeline_schedule.FillDrain.Params())
-  for var in again.theta.Flatten():
-    var.assign(tf.zeros_like(var))
-  assert checkpointer.Checkpointer(
-      str(tmp_path), again, include_optimizer=False).Restore() == (3, False)
+  again, restored = _RestoredZeroed(str(tmp_path),
+                                    pipeline_schedule.FillDrain.Params())
+  assert restored == (3, False)
   for got, want in zip(_Values(again), _Values(fill_drain)):
     np.testing.assert_array_equal(got, want)
 
@@ -95,26 +103,12 @@ def test_a_checkpoint_without_a_layout_record_restores(tmp_path):
   """Older checkpoints (no layout/ keys) restore as before, unchecked."""
   state = _State(_Circular())
   state.step.assign(5)
-  tf.train.Checkpoint(step=state.step, seed=state.seed,
-                      theta=_ByPath(state.ThetaByPath())).write(
-                          str(tmp_path / 'ckpt-5'))
-  (tmp_path / 'checkpoint').write_text('model_checkpoint_path: "ckpt-5"\n')
-  other = _State(_Circular())
-  for var in other.theta.Flatten():
-    var.assign(tf.zeros_like(var))
-  assert checkpointer.Checkpointer(
-      str(tmp_path), other, include_optimizer=False).Restore() == (5, False)
+  state.layouts = {}  # Saved as a run before layouts were recorded.
+  checkpointer.Checkpointer(str(tmp_path), state,
+                            include_optimizer=False).Save(5)
+  assert not [k for k in tf.train.list_variables(str(tmp_path / 'ckpt-5'))
+              if k[0].startswith('layout/')]
+  other, restored = _RestoredZeroed(str(tmp_path), _Circular())
+  assert restored == (5, False)
   for got, want in zip(_Values(other), _Values(state)):
     np.testing.assert_array_equal(got, want)
-
-
-def _ByPath(by_path):
-  """{`a/b`: var} -> nested dicts: the checkpointer's theta/ keys."""
-  root = {}
-  for path, var in by_path.items():
-    *parents, leaf = path.split('/')
-    node = root
-    for part in parents:
-      node = node.setdefault(part, {})
-    node[leaf] = var
-  return root
