@@ -11,6 +11,9 @@ micro-batches).
 
 Sharding: every activation's batch dim over the logical 'batch' axis (the
 convolutions' `out` mappings); weights replicated (batch_norm, conv).
+`bn_groups` is every BatchNormLayer.num_groups: G > 1 gives each of G
+consecutive blocks of the batch (each data replica's shard when G = the
+data shards) its own batch statistics (layers/batch_norm.py).
 """
 
 import tensorflow as tf
@@ -41,6 +44,10 @@ class ConvBnLayer(base_layer.BaseLayer):
     p.Define('filter_stride', (1, 1), 'Strides (SH, SW).')
     p.Define('activation', 'relu', 'After BN (linear.ACTIVATIONS).')
     p.Define('bn_decay', 0.99, 'BatchNormLayer.decay.')
+    p.Define('bn_groups', 1, 'BatchNormLayer.num_groups (per-replica '
+             'statistics; module docstring).')
+    p.Define('conv_impl', 'conv2d', 'Conv2DLayer.impl (patches: for a '
+             'pipeline body on a mesh).')
     return p
 
   def __init__(self, params):
@@ -48,9 +55,10 @@ class ConvBnLayer(base_layer.BaseLayer):
     p = self.params
     self.CreateChild('conv', conv.Conv2DLayer.Params().Set(
         filter_shape=p.filter_shape, filter_stride=p.filter_stride,
-        has_bias=False))
+        has_bias=False, impl=p.conv_impl))
     self.CreateChild('bn', batch_norm.BatchNormLayer.Params().Set(
-        input_dim=p.filter_shape[3], decay=p.bn_decay))
+        input_dim=p.filter_shape[3], decay=p.bn_decay,
+        num_groups=p.bn_groups))
     self._act = linear.Activation(p.activation)
 
   def FPropWithMoments(self, theta, x, paddings=None):
@@ -73,6 +81,10 @@ class ResidualBlock(base_layer.BaseLayer):
     p.Define('channels', 0, 'C: input and output channels.')
     p.Define('kernel_size', 3, 'Square filter size.')
     p.Define('bn_decay', 0.99, 'BatchNormLayer.decay.')
+    p.Define('bn_groups', 1, 'BatchNormLayer.num_groups (per-replica '
+             'statistics; module docstring).')
+    p.Define('conv_impl', 'conv2d', 'Conv2DLayer.impl of both convolutions '
+             '(patches: vectorises over a pipeline\'s stacked stages).')
     return p
 
   def __init__(self, params):
@@ -81,9 +93,11 @@ class ResidualBlock(base_layer.BaseLayer):
     self.CheckPositive('channels', 'kernel_size')
     shape = (p.kernel_size, p.kernel_size, p.channels, p.channels)
     self.CreateChild('a', ConvBnLayer.Params().Set(
-        filter_shape=shape, activation='relu', bn_decay=p.bn_decay))
+        filter_shape=shape, activation='relu', bn_decay=p.bn_decay,
+        bn_groups=p.bn_groups, conv_impl=p.conv_impl))
     self.CreateChild('b', ConvBnLayer.Params().Set(
-        filter_shape=shape, activation='none', bn_decay=p.bn_decay))
+        filter_shape=shape, activation='none', bn_decay=p.bn_decay,
+        bn_groups=p.bn_groups, conv_impl=p.conv_impl))
 
   def FProp(self, theta, x, paddings=None, step=None):
     """x [b, H, W, C], paddings None or [b] -> (y [b, H, W, C], aux)."""

@@ -12,19 +12,60 @@ stem, one micro-batch in a pipelined body (GPipe §2.2); the moving averages
 eval/decode/export use are updated by the training step from the whole
 mini-batch (layers/batch_norm.py).
 
+Sharding (a task `device_mesh`, e.g. data x stage [2, 2]): every
+activation's batch dim is split over the task's `batch_axes` (mesh axis 0
+by default): the stem and the head are data-parallel, every weight outside
+the pipeline replicated; a pipelined body's stacked weights [K, S, ...]
+are split over the stage axis (`pipeline_tpl.stage_mesh_axis`, None = the
+mesh's last axis; a 1-D mesh [K] is read as [1, K]: stages only), its
+micro-batches over the data axis (`batch_mesh_axis`, None = batch_axes),
+activations pass between stages as collective-permutes.
+`tools/spmd_check --model=gpipe.MnistResNetPipelined --mesh=2,2` proves it.
+
+Batch norm under data parallelism (`bn_statistics`): 'per_replica' (the
+default) normalises each data replica's shard of the batch (stem) or of
+the micro-batch (body) by its own statistics, as GPipe §2.2 and a TPU
+replica's batch norm do: every BatchNormLayer gets num_groups = the data
+shards, the blocks being the shards (micro-batches are blocked per shard,
+layers/pipeline_run.py). The grouping is in the math, so the model
+computes the same on one device as on the mesh (and the SPMD checker's
+single-device reference is the same math). 'cross_replica': statistics
+of the whole (micro-)batch, all-reduced over the data axis. Without a
+mesh both are the whole (micro-)batch's.
+
 Batches (`image_input`): `image` [B, H, W, Cin] float32, `label` [B] int32.
 Metrics: `loss` (label-smoothed cross-entropy), `log_pplx` (the plain
 cross-entropy), `accuracy` (top-1) and `acc5` (top-5), weighted by examples.
 """
 
+import numpy as np
 import tensorflow as tf
 
+from lingshard import sharding
 from lingshard.layers import linear
 from lingshard.layers import pooling
 from lingshard.layers import resnet
 from lingshard.layers import softmax
 from lingshard.models import base_model
 from lingshard.nested_map import NestedMap
+
+
+BN_STATISTICS = ('per_replica', 'cross_replica')
+
+
+def _StageMesh(params):
+  """A pipelined classifier's 1-D mesh [K] as [1, K]: the batch axis (0)
+  must not be the stage axis (as models/mt_model.py reads it)."""
+  if (params.pipeline_tpl is None or params.device_mesh is None or
+      np.ndim(params.device_mesh) != 1):
+    return params
+  params = params.Copy()
+  params.device_mesh = np.reshape(params.device_mesh, [1, -1])
+  if params.mesh_axis_names is not None:
+    names = list(params.mesh_axis_names)
+    params.mesh_axis_names = [('replica' if 'data' in names else 'data')
+                              ] + names
+  return params
 
 
 class ImageClassifier(base_model.BaseTask):
@@ -41,6 +82,10 @@ class ImageClassifier(base_model.BaseTask):
              'followed by a 2x2 max pool, before the stem (H and W halve).')
     p.Define('num_blocks', 2, 'L: residual blocks in the body.')
     p.Define('bn_decay', 0.99, 'Every BatchNormLayer.decay.')
+    p.Define('bn_statistics', 'per_replica', 'Training batch norm under '
+             'data parallelism: per_replica (each data shard\'s own '
+             'statistics) or cross_replica (the whole batch\'s); module '
+             'docstring.')
     p.Define('label_smoothing', 0.0, 'eps of the training loss.')
     p.Define('pipeline_tpl', None, 'None: the body is a plain stack; else '
              'pipeline.PipelinedLayer params (K, M, remat; body_tpl and '
@@ -48,9 +93,13 @@ class ImageClassifier(base_model.BaseTask):
     return p
 
   def __init__(self, params):
-    super().__init__(params)
+    super().__init__(_StageMesh(params))
     p = self.params
     self.CheckPositive('num_classes', 'channels', 'num_blocks')
+    self.CheckOneOf('bn_statistics', BN_STATISTICS)
+    groups = (sharding.AxisSize(p.device_mesh, p.batch_axes,
+                                p.mesh_axis_names)
+              if p.bn_statistics == 'per_replica' else 1)
     if not 0.0 <= p.label_smoothing < 1.0:
       raise ValueError(f'{p.name}: label_smoothing must be in [0, 1), got '
                        f'{p.label_smoothing!r}')
@@ -58,7 +107,8 @@ class ImageClassifier(base_model.BaseTask):
     pre = []
     for width in p.stem_pre_channels:
       pre.append(resnet.ConvBnLayer.Params().Set(
-          filter_shape=(3, 3, cin, width), bn_decay=p.bn_decay))
+          filter_shape=(3, 3, cin, width), bn_decay=p.bn_decay,
+          bn_groups=groups))
       cin = width
     if pre:
       self.CreateChildren('stem_pre', pre)
@@ -66,15 +116,24 @@ class ImageClassifier(base_model.BaseTask):
       self.CreateChild('pool', pooling.PoolingLayer.Params().Set(
           window_shape=(2, 2), window_stride=(2, 2)))
     self.CreateChild('stem', resnet.ConvBnLayer.Params().Set(
-        filter_shape=(3, 3, cin, p.channels), bn_decay=p.bn_decay))
-    block = resnet.ResidualBlock.Params().Set(channels=p.channels,
-                                              bn_decay=p.bn_decay)
+        filter_shape=(3, 3, cin, p.channels), bn_decay=p.bn_decay,
+        bn_groups=groups))
+    block = resnet.ResidualBlock.Params().Set(
+        channels=p.channels, bn_decay=p.bn_decay, bn_groups=groups)
     if p.pipeline_tpl is None:
       self.CreateChildren('body', [block.Copy() for _ in
                                    range(p.num_blocks)])
     else:
-      self.CreateChild('body', p.pipeline_tpl.Copy().Set(
-          body_tpl=block, num_layers=p.num_blocks))
+      pp = p.pipeline_tpl.Copy().Set(num_layers=p.num_blocks)
+      if p.device_mesh is not None:
+        # tf.nn.conv2d does not vectorise over the stacked stage filters
+        # (layers/conv.py impl); on a mesh that would gather them.
+        block.conv_impl = 'patches'
+        if pp.stage_mesh_axis is None:
+          pp.stage_mesh_axis = int(np.ndim(p.device_mesh)) - 1
+        if pp.batch_mesh_axis is None:
+          pp.batch_mesh_axis = p.batch_axes
+      self.CreateChild('body', pp.Set(body_tpl=block))
     self.CreateChild('gap', pooling.GlobalAvgPoolLayer.Params())
     self.CreateChild('logits', linear.LinearLayer.Params().Set(
         input_dim=p.channels, output_dim=p.num_classes))
