@@ -224,6 +224,7 @@ class BatchNormLayer(base_layer.BaseLayer):
 
   def _Grouped(self, t):
     """[B, ...] -> [G, B/G, ...] (consecutive blocks)."""
+    t = tf.convert_to_tensor(t)
     g, b = self.params.num_groups, t.shape[0]
     if b is None or b % g:
       raise ValueError(f'{self.path}: num_groups {g} does not divide the '
