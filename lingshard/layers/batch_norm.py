@@ -34,9 +34,9 @@ into G equal consecutive blocks and each block is normalised by its own
 statistics. With the batch split over D data shards and G = D
 (models/image_model.py sets it from its mesh) a block is one replica's
 shard, so each replica normalises by its own shard of the (micro-)batch,
-as a TPU replica's batch norm does and as GPipe §2.2 describes
-(statistics per micro-batch, "and over replicas if necessary": each
-replica's own, not synchronised). The grouping is written in the math
+as a TPU replica's batch norm does by default (GPipe §2.2: statistics
+per micro-batch, "and over replicas if necessary", i.e. synchronised
+only when asked: G = 1 below). The grouping is written in the math
 (`[B, ...] -> [G, B/G, ...]`, moments over every dim but G and D), not
 left to the partitioner, for two reasons: the body of a pipeline has no
 device mesh of its own, and the SPMD checker's single-device reference

@@ -41,10 +41,11 @@ class SeparableConv2DLayer(base_layer.BaseLayer):
     p.Define('activation', 'none', 'Activation name (linear.ACTIVATIONS).')
     p.Define('has_bias', True, 'Whether to add a bias [Cout].')
     p.weight_split_dims_mapping.Define('dw', None, 'Mapping of dw [KH, KW, '
-                                       'Cin, multiplier].')
+                                       'Cin, multiplier]; None: replicated.')
     p.weight_split_dims_mapping.Define('pw', None, 'Mapping of pw [Cin '
-                                       'multiplier, Cout].')
-    p.weight_split_dims_mapping.Define('b', None, 'Mapping of b [Cout].')
+                                       'multiplier, Cout]; None: replicated.')
+    p.weight_split_dims_mapping.Define('b', None, 'Mapping of b [Cout]; '
+                                       'None: replicated.')
     p.activation_split_dims_mapping.Define(
         'out', [base_layer.BATCH, -1, -1, -1],
         'Mapping of the output [B, H, W, Cout]: batch over data.')

@@ -19,13 +19,17 @@ the pipeline replicated; a pipelined body's stacked weights [K, S, ...]
 are split over the stage axis (`pipeline_tpl.stage_mesh_axis`, None = the
 mesh's last axis; a 1-D mesh [K] is read as [1, K]: stages only), its
 micro-batches over the data axis (`batch_mesh_axis`, None = batch_axes),
-activations pass between stages as collective-permutes.
+activations pass between stages as collective-permutes. On a mesh the
+body's convolutions are Conv2DLayer impl 'patches' (layers/conv.py: the
+same sum, vectorised over the stacked stage filters).
 `tools/spmd_check --model=gpipe.MnistResNetPipelined --mesh=2,2` proves it.
 
 Batch norm under data parallelism (`bn_statistics`): 'per_replica' (the
 default) normalises each data replica's shard of the batch (stem) or of
-the micro-batch (body) by its own statistics, as GPipe §2.2 and a TPU
-replica's batch norm do: every BatchNormLayer gets num_groups = the data
+the micro-batch (body) by its own statistics (GPipe §2.2: per
+micro-batch; per replica as a TPU replica's batch norm by default; §2.2's
+"and over replicas if necessary" is 'cross_replica'): every
+BatchNormLayer gets num_groups = the data
 shards, the blocks being the shards (micro-batches are blocked per shard,
 layers/pipeline_run.py). The grouping is in the math, so the model
 computes the same on one device as on the mesh (and the SPMD checker's
