@@ -305,7 +305,10 @@ class MnistResNetPipelined(MnistResNet):
   """MnistResNet with its residual blocks on K = 2 stages, M = 4
   micro-batches of 16 digits, re-materialised (GPipe §2): batch norm in the
   body uses each micro-batch's statistics, its moving averages the whole
-  mini-batch's (§2.2); the stem and the head run outside the pipeline."""
+  mini-batch's (§2.2); the stem and the head run outside the pipeline.
+  No mesh (one device); `spmd_check --mesh=2,2` runs it on data x stage,
+  each data replica's batch norm on its own shard (image_model
+  bn_statistics)."""
 
   def Task(self):
     p = super().Task()
