@@ -8,7 +8,6 @@ scores and writes all of them (Lingvo's decoder metrics +
 (`DecodeShards`, below).
 """
 
-import errno
 import os
 import posixpath
 import re
@@ -110,11 +109,10 @@ def MakeOutputDir(path, out):
   """Creates `out` (OutputDir of the user's `path`); ShardError (one line)
   unless a file can be made there."""
   try:
-    if not atomic.IsRemote(out) and os.path.lexists(out) and (
-        not os.path.isdir(out)):
-      raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-    tf.io.gfile.makedirs(out)
-    if not atomic.IsRemote(out):  # Root passes os.access; try a write.
+    if atomic.IsRemote(out):
+      tf.io.gfile.makedirs(out)
+    else:  # Root passes os.access: try a write.
+      os.makedirs(out, exist_ok=True)
       fd, probe = tempfile.mkstemp(dir=out, prefix='.decode-probe-')
       os.close(fd)
       os.remove(probe)  # Made by mkstemp above.
