@@ -135,6 +135,13 @@ def test_decode_job_resumes_by_shard_and_matches_decode(trained, tmp_path):
   assert decoded == [] and len(skipped) == 2
   assert {n: os.stat(out / n).st_mtime_ns for n in hyps} == mtimes
   os.remove(out / 'b.hyp.txt')
+  # Worker 0 of 2 owns a.tsv only (complete): b.tsv is worker 1's.
+  cfg = trainer_testlib.ParseFlags(*job)
+  assert trainer.RunDecodeShards(cfg, trainer.BuildParams(cfg)[0],
+                                 lambda _: None, share=(0, 2)) == (
+                                     [], [os.path.join(tmp_path, 'in',
+                                                       'a.tsv')])
+  assert not (out / 'b.hyp.txt').exists()
   (decoded, skipped), _ = _Run(*job)
   assert [os.path.basename(p) for p in decoded] == ['b.tsv']
   assert os.stat(out / 'a.hyp.txt').st_mtime_ns == mtimes['a.hyp.txt']
