@@ -4,8 +4,8 @@ A decoder (`BaseDecoder`, made by the task's `CreateDecoder`, e.g.
 `lingshard.models.mt_decoder.MtDecoder`) turns one batch into per-example
 records (Lingvo's `Decode` + `PostProcessDecodeOut`) and, at the end,
 scores and writes all of them (Lingvo's decoder metrics +
-`DecodeFinalize`). This module iterates the dataset, and runs the batch decode job's shards
-(`DecodeShards`, below).
+`DecodeFinalize`). This module iterates the dataset, and runs the shards
+of the batch decode job (`DecodeShards`, below).
 """
 
 import os
