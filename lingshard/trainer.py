@@ -9,7 +9,9 @@ Modes:
                   --eval_dataset (Dev) -> logdir/eval_dev/
   decode          the task's decoder (BaseTask.CreateDecoder; translation:
                   beam search, BLEU / chrF per language)
-                  -> logdir/decode_<split>/
+                  -> logdir/decode_<split>/; with --decode_input=<glob>
+                  --decode_output=<dir>: a batch job, one <dir>/<shard>
+                  .hyp.txt per input shard, resumable by shard
   train_and_eval  train, evaluating every task.train.eval_interval_steps
   export          SavedModel of the task's export module
                   (BaseTask.CreateExportModule; translation: a `translate`
@@ -130,6 +132,15 @@ def DefineFlags(fv):
                       '--params_override to the eval / decode dataset only, '
                       'e.g. input.file_pattern=data/ui_m4/dev_unseen_en.noph'
                       '.tsv.', flag_values=fv)
+  flags.DEFINE_string('decode_input', None, '--mode=decode: a glob of input '
+                      'shards in the eval input\'s format (translation: '
+                      'lang<TAB>source<TAB>target TSV files, the target '
+                      'unused); each is decoded into --decode_output.',
+                      flag_values=fv)
+  flags.DEFINE_string('decode_output', None, '--mode=decode with '
+                      '--decode_input: directory of one <shard>.hyp.txt per '
+                      'shard (a hypothesis per row); a rerun skips shards '
+                      'whose output is complete.', flag_values=fv)
   flags.DEFINE_integer('test_inject_nan_at_step', None, 'Testing only: make '
                        'the loss of this step NaN.', flag_values=fv)
 
@@ -312,7 +323,10 @@ def RunEval(cfg, params, printer):
 
 def RunDecode(cfg, params, printer):
   """Decodes --eval_dataset with the task's decoder; prints its report and
-  returns its scores."""
+  returns its scores. With --decode_input: the batch decode job
+  (RunDecodeShards)."""
+  if cfg.decode_input:
+    return RunDecodeShards(cfg, params, printer)
   dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
   task = InferenceTask(dev)
   input_generator = dev.input.Instantiate()
@@ -335,6 +349,88 @@ def RunDecode(cfg, params, printer):
                       'or choose another --logdir') from None
   printer(report)
   return scores
+
+
+def CheckDecodeFlags(cfg):
+  """ConfigError (one line) for --decode_input / --decode_output misused."""
+  if not (cfg.decode_input or cfg.decode_output):
+    return
+  if cfg.mode != 'decode':
+    raise ConfigError(f'--decode_input / --decode_output are for '
+                      f'--mode=decode, not --mode={cfg.mode}')
+  if not (cfg.decode_input and cfg.decode_output):
+    raise ConfigError('--decode_input and --decode_output go together: set '
+                      'both (input shards, output directory)')
+
+
+def _DecodeShare(cfg, params):
+  """(this worker's index, workers) sharing the shards: the input
+  pipelines of the run's StrategyInfo (multi_worker: TF_CONFIG's)."""
+  if cfg.strategy == 'default':
+    return 0, 1
+  _, info = strategies.CreateStrategy(
+      cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit,
+      params.task.mesh_axis_names)
+  return info.input_pipeline_id, info.num_input_pipelines
+
+
+def RunDecodeShards(cfg, params, printer, share=None):
+  """The batch decode job: each --decode_input shard of this worker's share
+  (`share`: (index, workers), default _DecodeShare) is decoded with the
+  latest checkpoint into --decode_output/<shard>.hyp.txt unless that file
+  is complete (decode_loop.DecodeShards). Every shard is read and checked
+  before the output directory is made; the checkpoint is restored when a
+  shard needs decoding. Returns (decoded, skipped) input paths."""
+  inputs = sorted(p for p in tf.io.gfile.glob(cfg.decode_input)
+                  if not tf.io.gfile.isdir(p))
+  if not inputs:
+    raise ConfigError(f'--decode_input {cfg.decode_input}: no file matches')
+  dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
+  if 'file_pattern' not in dev.input:
+    raise ConfigError(f'--decode_input: the input of {cfg.model} '
+                      f'({dev.input.cls.__name__}) reads no files')
+  out_dir = decode_loop.OutputDir(cfg.decode_output)
+  worker, workers = share or _DecodeShare(cfg, params)
+  try:
+    pairs = decode_loop.WorkerShards(
+        decode_loop.ShardOutputs(inputs, out_dir), worker, workers)
+  except decode_loop.ShardError as e:
+    raise ConfigError(str(e)) from None
+
+  def Input(path):
+    return dev.input.Copy().Set(file_pattern=path).Instantiate()
+
+  def NumRows(path):
+    try:
+      return sum(Input(path).LanguageCounts().values())
+    except base_input.InputError as e:
+      raise ConfigError(f'--decode_input: {e}') from None
+
+  rows = [NumRows(path) for path, _ in pairs]  # Each shard read and checked.
+  loaded = []  # [(decoder, theta)], made for the first shard to decode.
+
+  def Decode(path):
+    if not loaded:
+      task = InferenceTask(dev)
+      decoder = task.CreateDecoder(Input(path))
+      if decoder is None:
+        raise ConfigError(f'--mode=decode: {type(task).__name__} has no '
+                          'decoder (BaseTask.CreateDecoder returns None)')
+      theta, _ = RestoredTheta(params, cfg.logdir)
+      loaded.append((decoder, theta.Transform(_Read)))
+    decoder, theta = loaded[0]
+    return decoder.HypothesisLines(decode_loop.DecodeDataset(
+        decoder, theta, Input(path).GetDataset()))
+
+  try:
+    decode_loop.MakeOutputDir(cfg.decode_output, out_dir)
+    decoded, skipped = decode_loop.DecodeShards(pairs, rows, Decode, printer)
+  except decode_loop.ShardError as e:
+    raise ConfigError(str(e)) from None
+  printer(f'worker {worker} of {workers}: {len(decoded)} shard(s) decoded, '
+          f'{len(skipped)} complete, of {len(inputs)} matching '
+          f'{cfg.decode_input}')
+  return decoded, skipped
 
 
 def RunExport(cfg, params, printer):
@@ -413,6 +509,7 @@ def Execute(cfg, printer=Printer):
   if not cfg.model:
     raise ConfigError('--model is required (see --list_models)')
   CheckFlags(cfg)
+  CheckDecodeFlags(cfg)
   params, diff = BuildParams(cfg)
   # Values that no job can make valid, in every mode, before anything.
   config_check.CheckValues(params)

@@ -6,6 +6,14 @@
       [--trainer_args="--params_override=task.train.max_steps=1000"] \
       [--source=local | git+https://...@ref] [--spot] [--keep] [--dry_run]
 
+  # The batch decode job: every --decode_input shard (the eval input's
+  # format, e.g. lang<TAB>source<TAB>target TSV files) decoded with the
+  # logdir's latest checkpoint into <decode_output>/<shard>.hyp.txt; a rerun
+  # skips the shards whose output is complete.
+  python scripts/tpu_vm/launch.py ... --mode=decode \
+      --decode_input='gs://my-bucket/in/part-*.tsv' \
+      --decode_output=gs://my-bucket/out/m4
+
 Steps (each printed as `+ command` before it runs; --dry_run only prints):
   1. describe the TPU VM; create it if it does not exist (reuse otherwise);
   2. install lingshard on every worker: the local checkout's HEAD as a
@@ -14,16 +22,18 @@ Steps (each printed as `+ command` before it runs; --dry_run only prints):
   3. start the trainer on every worker (`--strategy=tpu --tpu=local`; the
      hosts of a pod slice find each other through the TPU runtime), in the
      background with its output in ~/lingshard-train.log and its exit code in
-     ~/lingshard-train.exit, so a dropped ssh connection does not kill it;
+     ~/lingshard-train.exit (decode: ~/lingshard-decode.*), so a dropped ssh
+     connection does not kill it;
   4. stream worker 0's log until the trainer exits;
-  5. copy every worker's log to <logdir>/tpu_vm_logs/ and collect the exit
-     codes;
+  5. copy every worker's log to <logdir>/tpu_vm_logs/ (<host>.log, decode:
+     <host>-decode.log) and collect the exit codes;
   6. delete the TPU VM if this run created it (unless --keep).
 
 Before any command, --trainer_args are parsed by the trainer's own flag
 parser (an unknown flag or a stray word, e.g. `; touch x`, is refused in
 one line) and the model is checked against the slice (the params
-the trainer will build, --trainer_args' overrides included, and the
+the trainer will build, --trainer_args' overrides included; for decode the
+decode dataset's inference params, and the
 accelerator's device and host counts, lingshard/train/tpu_topology.py): a
 mesh that does not tile the slice or a batch that does not split over its
 replicas is refused with one line, and the job's shape (devices, hosts,
@@ -50,8 +60,6 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-LOG = '~/lingshard-train.log'
-EXIT = '~/lingshard-train.exit'
 TARBALL = 'lingshard-src.tar.gz'
 DEFAULT_PIP = ('tensorflow-tpu -f '
                'https://storage.googleapis.com/libtpu-tf-releases/index.html')
@@ -82,6 +90,10 @@ def ParseArgs(argv):
   ap.add_argument('--logdir', required=True,
                   help='gs:// directory: checkpoints, summaries, logs.')
   ap.add_argument('--mode', default='train', help='Trainer --mode.')
+  ap.add_argument('--decode_input', default=None,
+                  help='--mode=decode: gs:// glob of the input shards.')
+  ap.add_argument('--decode_output', default=None,
+                  help='--mode=decode: gs:// directory of the hypotheses.')
   ap.add_argument('--trainer_args', default='',
                   help='More trainer flags, one shell-quoted string.')
   ap.add_argument('--source', default='local',
@@ -101,11 +113,35 @@ def ParseArgs(argv):
              'letters, digits and hyphens, starting with a letter (at most 63)')
   if not args.logdir.startswith('gs://'):
     ap.error('--logdir must be a gs:// path (the TPU VMs write it)')
+  _CheckDecodeArgs(ap, args)
   args.trainer_argv = _Words(ap, '--trainer_args', args.trainer_args)
   args.pip_extra_argv = _Words(ap, '--pip_extra', args.pip_extra)
   if not args.skip_topology_check:
     CheckTopology(ap, args)
   return args
+
+
+def _CheckDecodeArgs(ap, args):
+  """The decode job needs gs:// --decode_input and --decode_output; other
+  jobs take neither."""
+  given = [f for f in ('decode_input', 'decode_output') if getattr(args, f)]
+  if args.mode != 'decode':
+    if given:
+      ap.error(f'--{given[0]} is for --mode=decode (the batch decode job)')
+    return
+  for flag in ('decode_input', 'decode_output'):
+    value = getattr(args, flag)
+    if not value or not value.startswith('gs://'):
+      ap.error(f'--mode=decode needs --{flag}=gs://... (every host reads '
+               'the shards and writes the hypotheses there)')
+
+
+def DecodeFlags(args):
+  """The trainer flags of the decode job (none for other jobs)."""
+  if args.mode != 'decode':
+    return []
+  return [f'--decode_input={args.decode_input}',
+          f'--decode_output={args.decode_output}']
 
 
 def CheckTopology(ap, args, err=sys.stderr):
@@ -121,21 +157,30 @@ def CheckTopology(ap, args, err=sys.stderr):
   trainer.DefineFlags(fv)
   try:
     rest = fv(['trainer', f'--model={args.model}', f'--mode={args.mode}'] +
-              args.trainer_argv)
+              DecodeFlags(args) + args.trainer_argv)
     if len(rest) > 1:  # The trainer would refuse it on the VM, after boot.
       ap.error(f'--trainer_args {args.trainer_args!r}: {rest[1]!r} is not a '
                'trainer flag (the trainer takes --flags only; every word '
                'reaches it quoted, so shell syntax is not run)')
-    params, _ = trainer.BuildParams(fv)
+    if args.mode == 'decode':  # The program decode runs: its dataset's
+      # params, the task's inference params (trainer.InferenceTask's).
+      params, _ = trainer.BuildParams(fv, fv.eval_dataset, for_eval=True)
+      params.task = params.task.cls.InferenceParams(params.task)
+    else:
+      params, _ = trainer.BuildParams(fv)
     topo, replicas, cores = tpu_topology.CheckModelOnTpu(
         params, args.model, args.accelerator_type)
   except (flags.Error, trainer.ConfigError, overrides.OverrideError,
           tpu_topology.TopologyError) as e:
     ap.error(str(e).splitlines()[0])
+  job = ('every host runs the trainer with the same flags' if
+         args.mode != 'decode' else
+         f'every host runs the decode job with the same flags: shards '
+         f'{args.decode_input} -> {args.decode_output}/<shard>.hyp.txt, '
+         'complete outputs skipped')
   err.write(f'{args.model} on {topo.accelerator_type}: {topo.devices} TPU '
             f'devices on {topo.hosts} host(s), {replicas} replica(s) of a '
-            f'{cores}-device mesh; every host runs the trainer with the same '
-            f'flags; logdir {args.logdir}\n')
+            f'{cores}-device mesh; {job}; logdir {args.logdir}\n')
 
 
 def _Tpu(args, verb, *rest):
@@ -175,20 +220,35 @@ def InstallCommands(args):
   return [Ssh(args, f'{pip} {shlex.quote(args.source)} {extra}')]
 
 
+def _Job(args):
+  """The job's name in its worker files: 'decode' or 'train' (the other
+  modes run like training), so a decode on a kept VM keeps the train log."""
+  return 'decode' if args.mode == 'decode' else 'train'
+
+
+def Log(args):
+  return f'~/lingshard-{_Job(args)}.log'
+
+
+def Exit(args):
+  return f'~/lingshard-{_Job(args)}.exit'
+
+
 def TrainerCommand(args):
   """The shell command each worker runs in the background."""
   trainer = ['python3', '-m', 'lingshard.trainer', f'--model={args.model}',
              f'--logdir={args.logdir}', f'--mode={args.mode}',
-             '--strategy=tpu', '--tpu=local'] + args.trainer_argv
-  job = shlex.join(trainer) + f'; echo $? > {EXIT}'
-  return (f'cd ~ && rm -f {EXIT} && '
-          f'nohup sh -c {shlex.quote(job)} > {LOG} 2>&1 < /dev/null &')
+             '--strategy=tpu', '--tpu=local'] + DecodeFlags(args) + (
+                 args.trainer_argv)
+  job = shlex.join(trainer) + f'; echo $? > {Exit(args)}'
+  return (f'cd ~ && rm -f {Exit(args)} && '
+          f'nohup sh -c {shlex.quote(job)} > {Log(args)} 2>&1 < /dev/null &')
 
 
 def StreamCommand(args):
   # Follow the log until the exit file appears (the trainer finished).
-  return Ssh(args, f'tail -n +1 -F {LOG} & t=$!; '
-                   f'while [ ! -f {EXIT} ]; do sleep 10; done; '
+  return Ssh(args, f'tail -n +1 -F {Log(args)} & t=$!; '
+                   f'while [ ! -f {Exit(args)} ]; do sleep 10; done; '
                    f'sleep 2; kill $t', worker='0')
 
 
@@ -196,8 +256,9 @@ def CollectCommand(args):
   """Copies the log to <logdir>/tpu_vm_logs/<host>.log; exits with the
   trainer's exit code (1 if it left none), whatever the copy did."""
   dest = shlex.quote(f'{args.logdir}/tpu_vm_logs/')
-  return Ssh(args, f'rc=$(cat {EXIT}); '
-                   f'gcloud storage cp {LOG} {dest}"$(hostname).log"; '
+  name = '.log' if _Job(args) == 'train' else f'-{_Job(args)}.log'
+  return Ssh(args, f'rc=$(cat {Exit(args)}); '
+                   f'gcloud storage cp {Log(args)} {dest}"$(hostname){name}"; '
                    'echo "$(hostname) exit ${rc:-none}"; exit "${rc:-1}"')
 
 
