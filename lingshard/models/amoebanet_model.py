@@ -98,6 +98,7 @@ class AmoebaNetClassifier(base_model.BaseTask):
     p = self.params
     self.CheckPositive('num_classes', 'num_normal_cells', 'filters',
                        'stem_filters', 'stem_stride')
+    self.CheckOneOf('genotype', tuple(sorted(amoebanet.GENOTYPES)))
     if p.num_reduction_cells < 0 or p.num_stem_cells < 0:
       raise ValueError(f'{p.name}: num_reduction_cells and num_stem_cells '
                        f'must be >= 0, got {p.num_reduction_cells} and '
