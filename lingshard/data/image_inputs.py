@@ -91,9 +91,9 @@ class ImageInput(base_input.BaseInputGenerator):
 class UnavailableImageInput(base_input.BaseInputGenerator):
   """The input of a paper config whose images this project cannot provide
   (ImageNet 2012: no pinned source ships it). Its params and `BatchSpec`
-  describe the paper's batches (count_params, config_check, spmd_check's
-  compile-only run need no data); reading data is a one-line InputError
-  that names the config to train instead."""
+  describe the paper's batches (for tools that need no data: count_params,
+  config_check); reading data is a one-line InputError that names the
+  config to train instead."""
 
   @classmethod
   def Params(cls):
@@ -121,5 +121,4 @@ class UnavailableImageInput(base_input.BaseInputGenerator):
     hint = f'; train {p.instead} instead' if p.instead else ''
     raise base_input.InputError(
         f'{p.dataset} images are not available here (no pinned source ships '
-        f'them): this config is for count_params, config_check and '
-        f'spmd_check{hint}')
+        f'them): this config is for count_params and config_check{hint}')

@@ -320,17 +320,22 @@ class MnistResNetPipelined(MnistResNet):
 # GPipe's AmoebaNet-X(L, D): L normal cells (3 groups of L/3, 2 reduction
 # cells between them), filter size D, the ImageNet stem (a stride-2 conv
 # and 2 reduction cells). count_params of models/amoebanet_model.py (no
-# auxiliary head; parameters do not depend on the image size):
+# auxiliary head; parameters do not depend on the image size; Table 1's
+# (L, D) and counts are those of the published table, an image in
+# ../shared/papers whose text gives 82M, 318M and 1.8B):
 #
 #   model                   paper               count_params
 #   AmoebaNet-B(18, 512)    557M (§4.1)         558,009,288 (+0.18%)
 #   AmoebaNet-D(18, 208)    82M (Table 1)        81,386,626
 #   AmoebaNet-D(18, 416)    318M (Table 1)      318,039,978
+#   AmoebaNet-D(18, 544)    542M (Table 1)      540,847,810
+#   AmoebaNet-D(36, 544)    1.05B (Table 1)   1,054,527,970
+#   AmoebaNet-D(72, 512)    1.8B (Table 1)    1,844,868,552
 #   AmoebaNet-D(18, 256)    - (Table 2)         122,217,688
 #
 # ImageNet 2012 is not available here (data/image_inputs.
-# UnavailableImageInput): these configs serve count_params, config_check and
-# spmd_check; training them is a one-line input error naming
+# UnavailableImageInput): these configs serve count_params and config_check;
+# training them is a one-line input error naming
 # gpipe.MnistAmoebaNet, their CPU-sized sibling on the prepared MNIST digits.
 AMOEBA_BATCH = 128  # GPipe Table 1: "mini-batch size 128" at 224 x 224.
 AMOEBA_STEM_CELLS = 2

@@ -103,8 +103,8 @@ def test_imagenet_configs_say_the_data_is_absent_in_one_line():
       inp.GetDataset()
     assert str(e.value) == (
         'ImageNet 2012 images are not available here (no pinned source '
-        'ships them): this config is for count_params, config_check and '
-        'spmd_check; train gpipe.MnistAmoebaNet instead')
+        'ships them): this config is for count_params and config_check; '
+        'train gpipe.MnistAmoebaNet instead')
 
 
 @pytest.mark.parametrize('override,message', [
