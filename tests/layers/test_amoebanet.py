@@ -114,3 +114,20 @@ def test_input_shape_not_the_declared_one_is_one_line():
   with pytest.raises(ValueError) as e:
     cell.FProp(cell.theta, x)
   assert str(e.value) == 'cell: x_prev is required (prev_shape [8, 8, 12])'
+
+
+def test_padded_examples_are_left_out_of_every_batch_norm():
+  """paddings [B] (a pipeline bubble's examples): example 0's output does
+  not depend on a padded example 1, though it does when 1 is real (batch
+  statistics)."""
+  cell = _Cell(reduction=True, input_shape=(8, 8, 12),
+               prev_shape=(16, 16, 6))
+  x, prev = _Image((8, 8, 12), 0), _Image((16, 16, 6), 1)
+  x2 = tf.concat([x[:1], 3.0 * x[1:] + 1.0], 0)
+  prev2 = tf.concat([prev[:1], -prev[1:]], 0)
+  pad = tf.constant([0.0, 1.0])
+  a = cell.FProp(cell.theta, x, prev, paddings=pad)[0]
+  b = cell.FProp(cell.theta, x2, prev2, paddings=pad)[0]
+  np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-5)
+  c = cell.FProp(cell.theta, x2, prev2)[0]
+  assert not np.allclose(a.numpy(), c.numpy(), atol=1e-3)

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from lingshard import base_input
 from lingshard import config_check
 from lingshard import model_registry
-from lingshard.data import image_inputs
 from lingshard.data import image_prepare
 from lingshard.layers import batch_norm
 from lingshard.models import amoebanet_model
@@ -99,7 +99,7 @@ def test_imagenet_configs_say_the_data_is_absent_in_one_line():
     spec = inp.BatchSpec()
     assert spec.image.shape[1:] == list(
         model_registry.GetParams(key, 'Train').task.image_shape)
-    with pytest.raises(image_inputs.base_input.InputError) as e:
+    with pytest.raises(base_input.InputError) as e:
       inp.GetDataset()
     assert str(e.value) == (
         'ImageNet 2012 images are not available here (no pinned source '
