@@ -65,6 +65,11 @@ EXPECTED = {
     # GPipe's image half on CPU (MNIST digits): K = 2, M = 4, remat.
     'gpipe.MnistResNet': dict(batch=64),
     'gpipe.MnistResNetPipelined': dict(pipeline=(2, 4, True), batch=64),
+    # AmoebaNet (unpipelined until the shape-changing pipeline): Table 1's
+    # batch 128 on a data-parallel mesh; the MNIST one at MnistResNet's 64.
+    'gpipe.AmoebaNetB_18_512': dict(mesh=(4,), axes=('data',), batch=128),
+    'gpipe.AmoebaNetD_18_256': dict(mesh=(8,), axes=('data',), batch=128),
+    'gpipe.MnistAmoebaNet': dict(batch=64),
     'gpipe.TransformerL3': GPIPE_L,
     'gpipe.TransformerL13': dict(GPIPE_L, pipeline=(1, 32, True)),
     'gpipe.TransformerL103': dict(GPIPE_L, mesh=(8,), pipeline=(8, 32, True)),

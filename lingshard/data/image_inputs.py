@@ -6,6 +6,9 @@ yields NestedMap(image float32 [B, H, W, 1] (pixels / 255), label int32
 [B]). Training: the examples shuffled by `seed`, epoch after epoch, every
 batch full; eval (`is_inference`): one pass in file order, the last batch
 possibly smaller.
+
+`UnavailableImageInput`: a paper config's input whose images are absent
+(ImageNet 2012): batch shapes only; reading data is a one-line InputError.
 """
 
 import os
@@ -83,3 +86,39 @@ class ImageInput(base_input.BaseInputGenerator):
           label=tf.cast(label, tf.int32))
 
     return ds.map(ToBatch)
+
+
+class UnavailableImageInput(base_input.BaseInputGenerator):
+  """The input of a paper config whose images this project cannot provide
+  (ImageNet 2012: no pinned source ships it). Its params and `BatchSpec`
+  describe the paper's batches (for tools that need no data: count_params,
+  config_check); reading data is a one-line InputError that names the
+  config to train instead."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('dataset', 'ImageNet 2012', 'What the paper trained on.')
+    p.Define('image_shape', (224, 224, 3), '(H, W, C) of the images.')
+    p.Define('split', 'train', 'train | test.')
+    p.Define('batch_size', 128, 'Examples per batch.')
+    p.Define('is_inference', False, 'Eval batches.')
+    p.Define('instead', '', 'A registered config on available images.')
+    return p
+
+  def SplitName(self, dataset):
+    return self.params.split
+
+  def BatchSpec(self, bucket=-1):
+    del bucket
+    p = self.params
+    return NestedMap(
+        image=tf.TensorSpec([p.batch_size, *p.image_shape], tf.float32),
+        label=tf.TensorSpec([p.batch_size], tf.int32))
+
+  def GetDataset(self):
+    p = self.params
+    hint = f'; train {p.instead} instead' if p.instead else ''
+    raise base_input.InputError(
+        f'{p.dataset} images are not available here (no pinned source ships '
+        f'them): this config is for count_params and config_check{hint}')

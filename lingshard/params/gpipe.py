@@ -49,6 +49,7 @@ from lingshard.data import image_inputs
 from lingshard.layers import pipeline
 from lingshard.layers import pipeline_schedule
 from lingshard.layers.moe import top2
+from lingshard.models import amoebanet_model
 from lingshard.models import image_model
 from lingshard.models import mt_model
 from lingshard.params import m4
@@ -313,4 +314,113 @@ class MnistResNetPipelined(MnistResNet):
   def Task(self):
     p = super().Task()
     p.pipeline_tpl = PipelineParams(MNIST_STAGES, MNIST_MICRO_BATCHES)
+    return p
+
+
+# AmoebaNet (GPipe §4.1, Tables 1-2; genotypes of Real et al. 2019,
+# layers/amoebanet.py), unpipelined for now: the pipelined versions await a
+# pipeline whose stages change activation shape and read two earlier cells.
+# GPipe's AmoebaNet-X(L, D): L normal cells (3 groups of L/3, 2 reduction
+# cells between them), filter size D, the ImageNet stem (a stride-2 conv
+# and 2 reduction cells). count_params of models/amoebanet_model.py (no
+# auxiliary head; parameters do not depend on the image size; Table 1's
+# (L, D) and counts are those of the published table, an image in
+# ../shared/papers whose text gives 82M, 318M and 1.8B):
+#
+#   model                   paper               count_params
+#   AmoebaNet-B(18, 512)    557M (§4.1)         558,009,288 (+0.18%)
+#   AmoebaNet-D(18, 208)    82M (Table 1)        81,386,626
+#   AmoebaNet-D(18, 416)    318M (Table 1)      318,039,978
+#   AmoebaNet-D(18, 544)    542M (Table 1)      540,847,810
+#   AmoebaNet-D(36, 544)    1.05B (Table 1)   1,054,527,970
+#   AmoebaNet-D(72, 512)    1.8B (Table 1)    1,844,868,552
+#   AmoebaNet-D(18, 256)    - (Table 2)         122,217,688
+#
+# ImageNet 2012 is not available here (data/image_inputs.
+# UnavailableImageInput): these configs serve count_params and config_check;
+# training them is a one-line input error naming
+# gpipe.MnistAmoebaNet, their CPU-sized sibling on the prepared MNIST digits.
+AMOEBA_BATCH = 128  # GPipe Table 1: "mini-batch size 128" at 224 x 224.
+AMOEBA_STEM_CELLS = 2
+AMOEBA_REDUCTION_CELLS = 2
+
+
+def AmoebaNet(genotype, num_normal_cells, filters, image_shape, num_devices,
+              num_classes=1000):
+  """AmoebaNetClassifier params with Real et al.'s ImageNet settings (label
+  smoothing 0.1, BN decay 0.9997) on a 1-D data-parallel mesh."""
+  p = amoebanet_model.AmoebaNetClassifier.Params().Set(
+      name='model', genotype=genotype, num_normal_cells=num_normal_cells,
+      filters=filters, image_shape=image_shape, num_classes=num_classes,
+      num_stem_cells=AMOEBA_STEM_CELLS,
+      num_reduction_cells=AMOEBA_REDUCTION_CELLS, bn_decay=0.9997,
+      label_smoothing=0.1)
+  p.device_mesh = np.arange(num_devices)
+  p.mesh_axis_names = ['data']
+  return p
+
+
+class _ImageNetAmoebaNet(base_model_params.SingleTaskModelParams):
+  """An AmoebaNet on ImageNet 2012 (absent here: UnavailableImageInput)."""
+  GENOTYPE, NUM_NORMAL_CELLS, FILTERS = 'D', 18, 256
+  IMAGE_SHAPE = (224, 224, 3)
+  NUM_DEVICES = 8
+
+  def _Input(self, split, is_inference=False):
+    return image_inputs.UnavailableImageInput.Params().Set(
+        dataset='ImageNet 2012', image_shape=self.IMAGE_SHAPE, split=split,
+        batch_size=AMOEBA_BATCH, is_inference=is_inference,
+        instead='gpipe.MnistAmoebaNet')
+
+  def Train(self):
+    return self._Input('train')
+
+  def Dev(self):
+    return self._Input('test', is_inference=True)
+
+  def Task(self):
+    return AmoebaNet(self.GENOTYPE, self.NUM_NORMAL_CELLS, self.FILTERS,
+                     self.IMAGE_SHAPE, self.NUM_DEVICES)
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetD_18_256(_ImageNetAmoebaNet):  # noqa: N801
+  """GPipe Table 2's AmoebaNet-D(18, 256) (122.2M parameters by
+  count_params; the paper does not state it) at 224 x 224, batch 128, data
+  parallel over 8 devices (Table 2's largest K). The pipelined version
+  awaits the shape-changing pipeline."""
+
+
+@model_registry.RegisterSingleTaskModel
+class AmoebaNetB_18_512(_ImageNetAmoebaNet):  # noqa: N801
+  """GPipe §4.1's headline AmoebaNet-B(18, 512): 557M parameters in the
+  paper (558.0M by count_params), 480 x 480 ImageNet images (§4.1), 1000
+  classes; batch 128 (Table 1's; §4.1 does not state it), data parallel
+  over 4 devices (the paper's 4 partitions, as data replicas until the
+  shape-changing pipeline exists)."""
+  GENOTYPE, NUM_NORMAL_CELLS, FILTERS = 'B', 18, 512
+  IMAGE_SHAPE = (480, 480, 3)
+  NUM_DEVICES = 4
+
+
+MNIST_AMOEBA_FILTERS = 8
+
+
+@model_registry.RegisterSingleTaskModel
+class MnistAmoebaNet(MnistResNet):
+  """AmoebaNet-D at CPU size on the 28 x 28 MNIST digits (MnistResNet's
+  input and training settings): a stride-1 stem conv (8 channels), one stem
+  reduction cell (14 x 14), L = 2 normal cells of D = 8 filters in 2 groups
+  with one reduction cell between them (7 x 7 x 64 at the head).
+  Unpipelined."""
+
+  def Task(self):
+    p = super().Task()
+    train = p.train
+    p = amoebanet_model.AmoebaNetClassifier.Params().Set(
+        name='model', image_shape=(28, 28, 1), num_classes=10, genotype='D',
+        num_normal_cells=2, filters=MNIST_AMOEBA_FILTERS,
+        num_reduction_cells=1, num_stem_cells=1, stem_filters=8,
+        stem_stride=1, bn_decay=0.9, label_smoothing=0.1)
+    p.train = train
     return p

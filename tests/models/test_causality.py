@@ -43,6 +43,7 @@ from lingshard.layers.moe import causality
 from lingshard.layers.moe import expert_choice
 from lingshard.layers.moe import hierarchical
 from lingshard.layers.moe import top2
+from lingshard.models import amoebanet_model
 from lingshard.models import image_model
 from lingshard.models import lm_model
 from lingshard.models import mt_model
@@ -56,7 +57,8 @@ TRIALS = 16           # Suffix changes: each must keep the earlier logits
                       # (undeclared); one must move them (declared leak).
 DECODER_TASKS = (mt_model.TransformerMTModel, lm_model.LMTask)
 OTHER_TASKS = (regression_model.FeedForwardRegression,
-               image_model.ImageClassifier)
+               image_model.ImageClassifier,
+               amoebanet_model.AmoebaNetClassifier)
 
 
 def _Fresh(p):
