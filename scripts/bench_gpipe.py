@@ -75,6 +75,12 @@ flags.DEFINE_list('sched_repeats', ['2', '4'],
                   'R of the circular rows of the schedule table.')
 flags.DEFINE_integer('sched_layers', 16, 'L of the schedule table (a '
                      'multiple of every K R).')
+flags.DEFINE_integer('sched_model_dim', 256, 'Model dim of the schedule '
+                     'table: large enough that the layers\' compute, which '
+                     'the predicted ratio counts, outweighs the per-'
+                     'iteration costs of a while-loop iteration.')
+flags.DEFINE_integer('sched_hidden_dim', 1024, 'FFN hidden dim of the '
+                     'schedule table.')
 flags.DEFINE_list('mem_layers', ['4', '8', '16'], 'L of the memory table.')
 flags.DEFINE_list('mem_micro_batches', ['1', '2', '4', '8'],
                   'M of the memory table.')
@@ -104,7 +110,7 @@ MAX_DEVICES = 8
 
 
 def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
-                 loop=True, repeats=None):
+                 loop=True, repeats=None, dims=None):
   # pylint: disable=g-import-not-at-top
   import numpy as np
   from lingshard.layers import pipeline
@@ -112,10 +118,10 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
   from lingshard.layers import transformer
   from lingshard.layers.moe import top2
   # pylint: enable=g-import-not-at-top
+  model_dim, hidden_dim = dims or (FLAGS.model_dim, FLAGS.hidden_dim)
   body = transformer.TransformerLayer.Params().Set(
-      model_dim=FLAGS.model_dim, hidden_dim=FLAGS.hidden_dim,
-      num_heads=FLAGS.num_heads,
-      dim_per_head=FLAGS.model_dim // FLAGS.num_heads)
+      model_dim=model_dim, hidden_dim=hidden_dim, num_heads=FLAGS.num_heads,
+      dim_per_head=model_dim // FLAGS.num_heads)
   if FLAGS.body == 'moe':
     moe = body.Copy().Set(moe_tpl=top2.MoELayer.Params().Set(
         num_experts=FLAGS.num_experts, group_size=FLAGS.group_size,
@@ -136,7 +142,7 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
 
 
 def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
-             batch_size=None, loop=True, repeats=None):
+             batch_size=None, loop=True, repeats=None, dims=None):
   """Partitions one train step; returns (CheckResult, median run seconds),
   or with run='later' (CheckResult, fn() -> one run's seconds)."""
   # pylint: disable=g-import-not-at-top
@@ -147,8 +153,9 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
   layer = _LayerParams(num_layers, num_stages, num_micro_batches,
-                       remat, loop, repeats).Instantiate()
-  n, t, m = batch_size or FLAGS.batch_size, FLAGS.seq_len, FLAGS.model_dim
+                       remat, loop, repeats, dims).Instantiate()
+  n, t = batch_size or FLAGS.batch_size, FLAGS.seq_len
+  m = dims[0] if dims else FLAGS.model_dim
   rng = np.random.RandomState(0)
   inputs = NestedMap(
       theta=layer.theta.Transform(lambda v: v.numpy()),
@@ -179,13 +186,14 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
     exe.Run(values, shapes)  # Warm-up.
 
     def Once():
-      start = time.perf_counter()
+      """(wall seconds, this process's CPU seconds) of one run."""
+      start, cpu = time.perf_counter(), time.process_time()
       exe.Run(values, shapes)
-      return time.perf_counter() - start
+      return time.perf_counter() - start, time.process_time() - cpu
 
     if run == 'later':
       return result, Once
-    seconds = statistics.median([Once() for _ in range(FLAGS.run_reps)])
+    seconds = statistics.median([Once()[0] for _ in range(FLAGS.run_reps)])
   return result, seconds
 
 
@@ -241,15 +249,18 @@ def _ScheduleRows(stages, micro_batches, repeats):
   for k in stages:
     for mb in micro_batches:
       for r in [None] + repeats:
-        result, once = _Measure(FLAGS.sched_layers, k, mb, True, run='later',
-                                repeats=r)
+        result, once = _Measure(
+            FLAGS.sched_layers, k, mb, True, run='later', repeats=r,
+            dims=(FLAGS.sched_model_dim, FLAGS.sched_hidden_dim))
         programs.append(((k, mb, r), result, once))
         print(f'# schedule K={k} M={mb} R={r or 1}: compiled', flush=True)
   times = {key: [] for key, _, _ in programs}
   for _ in range(FLAGS.run_reps):
     for key, _, once in programs:
       times[key].append(once())
-  seconds = {key: statistics.median(ts) for key, ts in times.items()}
+  seconds = {key: statistics.median(t[0] for t in ts)
+             for key, ts in times.items()}
+  cpu = {key: statistics.median(t[1] for t in ts) for key, ts in times.items()}
   rows = []
   for (k, mb, r), result, _ in programs:
     base = seconds[(k, mb, None)]
@@ -260,6 +271,8 @@ def _ScheduleRows(stages, micro_batches, repeats):
         iterations=rr * mb + k - 1, bubble=(k - 1) / (rr * mb + k - 1),
         seconds=seconds[(k, mb, r)],
         measured_ratio=seconds[(k, mb, r)] / base,
+        cpu_seconds=cpu[(k, mb, r)],
+        cpu_ratio=cpu[(k, mb, r)] / cpu[(k, mb, None)],
         predicted_ratio=(rr * mb + k - 1) / rr / (mb + k - 1),
         temp=result.memory['temp']))
   return rows
@@ -395,12 +408,14 @@ def _Report(mem_rows, eff_rows, sched_rows=()):
               eff_rows)
   if sched_rows:
     _PrintTable(
-        f'(c) schedule, L = {FLAGS.sched_layers}, remat, while loops; '
+        f'(c) schedule, L = {FLAGS.sched_layers}, model dim '
+        f'{FLAGS.sched_model_dim}, FFN {FLAGS.sched_hidden_dim}, remat, '
+        'while loops; '
         'ratio = step time / fill-drain\'s, interleaved runs; predicted = '
         '((R M + K - 1) / R) / (M + K - 1)',
         sched_rows, ('stages', 'micro_batches', 'schedule', 'iterations',
-                     'bubble', 'seconds', 'measured_ratio',
-                     'predicted_ratio', 'temp'))
+                     'bubble', 'seconds', 'measured_ratio', 'cpu_seconds',
+                     'cpu_ratio', 'predicted_ratio', 'temp'))
     _WriteCsv(os.path.join(FLAGS.out_dir, f'{prefix}_schedule.csv'),
               sched_rows)
   if mem_rows and eff_rows:
