@@ -60,6 +60,9 @@ class MultiHeadAttention(base_layer.BaseLayer):
         'bnts', [base_layer.BATCH, -1, -1, -1], 'Attention probs [B, N, T, S].')
     p.activation_split_dims_mapping.Define('btm', [base_layer.BATCH, -1, -1],
                                            'Output [B, T, M]: batch split.')
+    p.activation_split_dims_mapping.Define(
+        'cache_bsnh', [base_layer.BATCH, -1, -1, -1],
+        'Incremental decoding\'s key/value cache [B, S, N, H]: batch split.')
     return p
 
   def __init__(self, params):
@@ -148,8 +151,11 @@ class MultiHeadAttention(base_layer.BaseLayer):
     """Zero key/value cache NestedMap(k, v), each [B, S=max_len, N, H]."""
     p = self.params
     shape = [batch_size, max_len, p.num_heads, p.dim_per_head]
-    return NestedMap(k=tf.zeros(shape, self.fprop_dtype),
-                     v=tf.zeros(shape, self.fprop_dtype))
+    return NestedMap(k=self._ShardCache(tf.zeros(shape, self.fprop_dtype)),
+                     v=self._ShardCache(tf.zeros(shape, self.fprop_dtype)))
+
+  def _ShardCache(self, t):
+    return self.ShardActivation(t, 'cache_bsnh')
 
   def ExtendStep(self, theta, query_bqm, cache, positions_q, mask_bqs):
     """Self-attention of Q new tokens over the cache, after writing them.
@@ -171,6 +177,8 @@ class MultiHeadAttention(base_layer.BaseLayer):
     keep_s = 1.0 - tf.reduce_sum(write_qs, axis=0)
     keep = keep_s[tf.newaxis, :, tf.newaxis, tf.newaxis]
     cache = NestedMap(
-        k=cache.k * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.k),
-        v=cache.v * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.v))
+        k=self._ShardCache(
+            cache.k * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.k)),
+        v=self._ShardCache(
+            cache.v * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.v)))
     return self.Attend(theta, query_bqm, cache, mask_bqs), cache
