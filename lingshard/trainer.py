@@ -324,6 +324,7 @@ def RunEval(cfg, params, printer):
 def RunDecode(cfg, params, printer):
   """Decodes --eval_dataset with the task's decoder; prints its report and
   returns its scores."""
+  replicated = _Replicated(cfg, params, 'decode', printer)
   dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
   task = InferenceTask(dev)
   input_generator = dev.input.Instantiate()
@@ -332,9 +333,8 @@ def RunDecode(cfg, params, printer):
     raise ConfigError(f'--mode=decode: {type(task).__name__} has no decoder '
                       '(BaseTask.CreateDecoder returns None); use a task that '
                       'defines one, e.g. a translation model')
-  decoder.Place(_Replicated(cfg, params, 'decode', printer))
-  theta, step = RestoredTheta(params, cfg.logdir,
-                              decoder.Replicated().strategy)
+  decoder.Place(replicated)
+  theta, step = RestoredTheta(params, cfg.logdir, replicated.strategy)
   records = decode_loop.DecodeDataset(
       decoder, theta, input_generator.GetDataset(),
       dev.task.train.eval_num_batches)

@@ -26,6 +26,7 @@ import pytest
 import tensorflow as tf
 
 from lingshard import base_input
+from lingshard import config_check
 from lingshard import sharding
 from lingshard import trainer
 from lingshard.models import mt_decoder
@@ -43,7 +44,7 @@ def _Args(prepared_dir, logdir):
       'task.num_encoder_layers=1', 'task.num_decoder_layers=1',
       'task.encoder_moe_layers=[0]', 'task.decoder_moe_layers=[0]',
       'task.model_dim=32', 'task.hidden_dim=32', 'task.num_heads=2',
-      'task.dim_per_head=16', 'task.decode.max_decode_len=12',
+      'task.dim_per_head=16', 'task.decode.max_decode_len=12', 'task.decode.jit=False',
       'task.train.eval_num_batches=0'])
   dev = ';'.join([f"input.file_pattern='{prepared_dir}/{SPLIT}.tsv'",
                   'input.bucket_upper_bounds=[16]', 'input.eval_batch_size=4'])
@@ -130,13 +131,14 @@ def _OneDeviceEval(params, logdir):
 
 def _OneDeviceHypotheses(params, logdir):
   """{lang: hypotheses} of task.Decode as decode ran it before strategies:
-  one XLA program (decode.jit) per batch of 4, the last row repeated."""
+  one op-by-op tf.function (decode.jit off) per batch of 4, the last row
+  repeated."""
   theta, _ = trainer.RestoredTheta(params, logdir)
   theta = theta.Transform(lambda v: v.read_value())
   task = trainer.InferenceTask(params)
-  assert task.params.decode.jit and task.params.decode.beam_size == 4
+  assert not task.params.decode.jit and task.params.decode.beam_size == 4
   search = sharding.Function(lambda th, i, p: task.Decode(th, i, p),
-                             xla_compiled=True, jit_compile=True)
+                             xla_compiled=False)
   detok = mt_decoder.Detokenizer(params.input.tgt_vocab)
   hyps = collections.defaultdict(list)
   for batch in params.input.Instantiate().GetDataset():
@@ -200,19 +202,48 @@ def test_mirrored_two_devices_match_one_device(runs):
     np.testing.assert_allclose(got['log_pplx'], entry['log_pplx'], rtol=1e-5)
 
 
-@pytest.mark.parametrize('mode', ['eval', 'decode'])
-def test_a_strategy_this_host_cannot_build_is_trainings_error(
-    tmp_path, mode):
-  """--strategy=tpu without --tpu: eval and decode build the strategy as
-  training does and refuse it in training's words, before restoring."""
-  base = ['--model=toy.FFRegression', f'--logdir={tmp_path}',
-          '--strategy=tpu']
-  errors = []
-  for m in ('train', mode):
-    with pytest.raises(strategies.StrategyError) as e:
-      trainer.Execute(trainer_testlib.ParseFlags(*base, f'--mode={m}'),
+def _Errors(base, modes, error):
+  """The messages of `error` that Execute raises in each mode."""
+  out = []
+  for mode in modes:
+    with pytest.raises(error) as e:
+      trainer.Execute(trainer_testlib.ParseFlags(*base, f'--mode={mode}'),
                       printer=lambda _: None)
-    errors.append(str(e.value))
-  assert errors[1] == errors[0] == (
-      '--strategy=tpu needs --tpu (a TPU name, or "local" on a TPU VM)')
+    out.append(str(e.value))
+  return out
+
+
+def test_a_strategy_this_host_cannot_build_is_trainings_error(tmp_path):
+  """--strategy=tpu without --tpu for GShard's 600B-weight model: eval and
+  decode build the strategy as training does and refuse it in training's
+  words (they refused the host's memory before, though TPU weights live on
+  the slice), before restoring or writing anything."""
+  base = ['--model=m4.MoE2048E36L', f'--logdir={tmp_path}', '--strategy=tpu']
+  errors = _Errors(base, ('train', 'eval', 'decode'),
+                   strategies.StrategyError)
+  assert errors == 3 * [
+      '--strategy=tpu needs --tpu (a TPU name, or "local" on a TPU VM)']
+  assert not os.listdir(tmp_path)
+
+
+def test_a_mesh_this_host_cannot_hold_is_trainings_error(tmp_path,
+                                                         monkeypatch):
+  """The same model on this host's default strategy: eval and decode refuse
+  its weights as training does (host memory pinned at 16 GB); a config
+  that does not fit its mesh is one line in every mode, print_params too."""
+  monkeypatch.setattr(config_check, 'HostMemoryBytes', lambda: 16 << 30)
+  base = ['--model=m4.MoE2048E36L', f'--logdir={tmp_path}']
+  errors = _Errors(base, ('train', 'eval', 'decode'),
+                   config_check.ConfigCheckError)
+  assert errors == 3 * [
+      "the model's weights take 2.3 TB (619,399,472,384 values) but this host "
+      'has 16.0 GB of memory available; choose smaller sizes (e.g. '
+      'task.model_dim) or a TPU slice (--strategy=tpu)']
+  base = [f'--model={MODEL}', f'--logdir={tmp_path}',
+          '--params_override=task.moe_tpl.num_experts=12']
+  errors = _Errors(base, ('train', 'print_params', 'eval', 'decode'),
+                   config_check.ConfigCheckError)
+  assert errors == 4 * [
+      'model/dec/layer_001/moe: num_experts=12 must be divisible by mesh '
+      "axis 'x' of size 8 (experts are split over it)"]
   assert not os.listdir(tmp_path)
