@@ -151,11 +151,9 @@ class MultiHeadAttention(base_layer.BaseLayer):
     """Zero key/value cache NestedMap(k, v), each [B, S=max_len, N, H]."""
     p = self.params
     shape = [batch_size, max_len, p.num_heads, p.dim_per_head]
-    return NestedMap(k=self._ShardCache(tf.zeros(shape, self.fprop_dtype)),
-                     v=self._ShardCache(tf.zeros(shape, self.fprop_dtype)))
-
-  def _ShardCache(self, t):
-    return self.ShardActivation(t, 'cache_bsnh')
+    return NestedMap(
+        k=self.ShardActivation(tf.zeros(shape, self.fprop_dtype), 'cache_bsnh'),
+        v=self.ShardActivation(tf.zeros(shape, self.fprop_dtype), 'cache_bsnh'))
 
   def ExtendStep(self, theta, query_bqm, cache, positions_q, mask_bqs):
     """Self-attention of Q new tokens over the cache, after writing them.
@@ -177,8 +175,7 @@ class MultiHeadAttention(base_layer.BaseLayer):
     keep_s = 1.0 - tf.reduce_sum(write_qs, axis=0)
     keep = keep_s[tf.newaxis, :, tf.newaxis, tf.newaxis]
     cache = NestedMap(
-        k=self._ShardCache(
-            cache.k * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.k)),
-        v=self._ShardCache(
-            cache.v * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.v)))
+        k=cache.k * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.k),
+        v=cache.v * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.v)
+    ).Transform(lambda t: self.ShardActivation(t, 'cache_bsnh'))
     return self.Attend(theta, query_bqm, cache, mask_bqs), cache
