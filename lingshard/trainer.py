@@ -212,6 +212,10 @@ def RestoredTheta(params, logdir, strategy=None):
   return state.theta, step
 
 
+def _Read(var):
+  return var.read_value()
+
+
 def InferenceTask(params):
   """The task of eval/decode/export: built from the task class's
   `InferenceParams(task_params)`. Theta is the training task's."""
@@ -324,10 +328,10 @@ def RunEval(cfg, params, printer):
 def RunDecode(cfg, params, printer):
   """Decodes --eval_dataset with the task's decoder; prints its report and
   returns its scores."""
-  replicated = _Replicated(cfg, params, 'decode', printer)
   dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
   task = InferenceTask(dev)
   input_generator = dev.input.Instantiate()
+  replicated = _Replicated(cfg, params, 'decode', printer)  # Reads no data.
   decoder = task.CreateDecoder(input_generator, params.input.Instantiate())
   if decoder is None:
     raise ConfigError(f'--mode=decode: {type(task).__name__} has no decoder '
