@@ -36,6 +36,7 @@ from lingshard.data import vocab
 from lingshard.nested_map import NestedMap
 from lingshard.train import atomic
 from lingshard.train import decode_loop
+from lingshard.train import strategies
 
 Record = collections.namedtuple('Record',
                                 ['language', 'source', 'hypothesis',
@@ -137,7 +138,8 @@ class MtDecoder(decode_loop.BaseDecoder):
       src_ids, src_paddings = (_RepeatLastRow(t, self._batch_size)
                                for t in (src_ids, src_paddings))
     if self._decode is None:
-      self._decode = self.Replicated().Function(self._Decode, jit=self._jit)
+      self._decode = (self.replicated or strategies.Replicated()).Function(
+          self._Decode, jit=self._jit)
     blocks = [BestHypotheses(out) for out in self._decode(
         theta, NestedMap(ids=src_ids, paddings=src_paddings))]
     ids, lengths = (np.concatenate(x) for x in zip(*blocks))

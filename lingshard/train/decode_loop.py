@@ -4,30 +4,20 @@ A decoder (`BaseDecoder`, made by the task's `CreateDecoder`, e.g.
 `lingshard.models.mt_decoder.MtDecoder`) turns one batch into per-example
 records (Lingvo's `Decode` + `PostProcessDecodeOut`) and, at the end,
 scores and writes all of them (Lingvo's decoder metrics +
-`DecodeFinalize`). This module only iterates the dataset; the trainer
-places the decoder under the training job's strategy and mesh first
-(`Place`), and the decoder compiles its search with `Replicated()`.
+`DecodeFinalize`). This module only iterates the dataset.
 """
-
-from lingshard.train import strategies
 
 
 class BaseDecoder:
   """What the trainer's `--mode=decode` needs from a task's decoder."""
 
-  _replicated = None
+  # The strategies.Replicated the decoder's search runs under (the training
+  # job's strategy, mesh and compilation; None: one device).
+  replicated = None
 
   def Place(self, replicated):
-    """Runs the decoder's search under `replicated` (strategies.Replicated:
-    the training job's strategy, mesh and compilation); before the first
-    DecodeBatch."""
-    self._replicated = replicated
-
-  def Replicated(self):
-    """Where the search runs (Place; default: one device)."""
-    if self._replicated is None:
-      self._replicated = strategies.Replicated()
-    return self._replicated
+    """Runs the search under `replicated`; before the first DecodeBatch."""
+    self.replicated = replicated
 
   def DecodeBatch(self, theta, batch):
     """A list of per-example records of one batch."""
