@@ -18,8 +18,8 @@ Modes:
                   signature) -> logdir/export/<step>
   print_params    print the params text after overrides, each param
                   after its description (a `#` comment), and exit
-Training runs under --strategy; eval, decode and export on the host's
-default device.
+Training, eval and decode run under --strategy and the model's mesh (eval
+and decode print which); export on the host's default device.
 
 Params: the registry's SingleTaskModel params (`task.*`, `input.*`), then
 --params_file, --params_override, --max_steps, --seed, in that order; what
@@ -209,9 +209,11 @@ def ListModels(printer):
 
 
 # ------------------------------------------------------------------- modes
-def RestoredTheta(params, logdir):
-  """(theta variables, step) of logdir's latest checkpoint."""
-  state = state_lib.TrainState(params.task.Instantiate())
+def RestoredTheta(params, logdir, strategy=None):
+  """(theta variables, step) of logdir's latest checkpoint; the variables
+  of `strategy` (its scope), as training creates them."""
+  with (strategy or tf.distribute.get_strategy()).scope():
+    state = state_lib.TrainState(params.task.Instantiate())
   ckpt = checkpointer.Checkpointer(os.path.join(logdir, 'train'), state,
                                    include_optimizer=False)
   step, _ = ckpt.Restore()
@@ -232,14 +234,25 @@ def InferenceTask(params):
   return task_p.cls.InferenceParams(task_p).Instantiate()
 
 
-def _Evaluator(cfg, dataset):
-  """The Evaluator of `dataset`. A throwaway instance of its input builds
-  the dataset first, so that missing data raises base_input.InputError
-  before anything is written."""
+def _Evaluator(cfg, dataset, replicated=None):
+  """The Evaluator of `dataset` (under `replicated`: strategies.Replicated).
+  A throwaway instance of its input builds the dataset first, so that
+  missing data raises base_input.InputError before anything is written."""
   params, _ = BuildParams(cfg, dataset, for_eval=True)
   params.input.Instantiate().GetDataset()
   return eval_loop.Evaluator(InferenceTask(params), params.input.Instantiate(),
-                             params.task.train.eval_num_batches)
+                             params.task.train.eval_num_batches, replicated)
+
+
+def _Replicated(cfg, params, mode, printer):
+  """The training job's strategy and mesh (strategies.CreateStrategy: the
+  same errors), for eval / decode; prints which."""
+  strategy, info = strategies.CreateStrategy(
+      cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit,
+      params.task.mesh_axis_names)
+  replicated = strategies.Replicated(strategy, info)
+  printer(f'{mode} under {replicated.Describe()}')
+  return replicated
 
 
 def _EvalHook(cfg, dataset, evaluator, theta_fn, printer):
@@ -303,9 +316,9 @@ def RunTrain(cfg, params, strategy, info, printer, with_eval=False):
           inject_nan_at_step=cfg.test_inject_nan_at_step)
       hook = None
       if with_eval:
-        hook = _EvalHook(cfg, cfg.eval_dataset,
-                         _Evaluator(cfg, cfg.eval_dataset),
-                         trainer.ThetaValues, printer)
+        hook = _EvalHook(cfg, cfg.eval_dataset, _Evaluator(
+            cfg, cfg.eval_dataset, strategies.Replicated(strategy, info)),
+                         lambda: trainer.state.theta, printer)
       on_start = (functools.partial(_WriteParamsText, cfg.logdir, params)
                   if info.is_chief else None)
       return trainer.Train(eval_hook=hook, max_seconds=cfg.max_train_seconds,
@@ -315,9 +328,11 @@ def RunTrain(cfg, params, strategy, info, printer, with_eval=False):
 
 
 def RunEval(cfg, params, printer):
-  theta, step = RestoredTheta(params, cfg.logdir)
-  hook = _EvalHook(cfg, cfg.eval_dataset, _Evaluator(cfg, cfg.eval_dataset),
-                   lambda: theta.Transform(_Read), printer)
+  replicated = _Replicated(cfg, params, 'eval', printer)
+  theta, step = RestoredTheta(params, cfg.logdir, replicated.strategy)
+  hook = _EvalHook(cfg, cfg.eval_dataset,
+                   _Evaluator(cfg, cfg.eval_dataset, replicated),
+                   lambda: theta, printer)
   return hook(step)
 
 
@@ -330,14 +345,16 @@ def RunDecode(cfg, params, printer):
   dev, _ = BuildParams(cfg, cfg.eval_dataset, for_eval=True)
   task = InferenceTask(dev)
   input_generator = dev.input.Instantiate()
+  replicated = _Replicated(cfg, params, 'decode', printer)  # Reads no data.
   decoder = task.CreateDecoder(input_generator, params.input.Instantiate())
   if decoder is None:
     raise ConfigError(f'--mode=decode: {type(task).__name__} has no decoder '
                       '(BaseTask.CreateDecoder returns None); use a task that '
                       'defines one, e.g. a translation model')
-  theta, step = RestoredTheta(params, cfg.logdir)
+  decoder.Place(replicated)
+  theta, step = RestoredTheta(params, cfg.logdir, replicated.strategy)
   records = decode_loop.DecodeDataset(
-      decoder, theta.Transform(_Read), input_generator.GetDataset(),
+      decoder, theta, input_generator.GetDataset(),
       dev.task.train.eval_num_batches)
   out_dir = os.path.join(
       cfg.logdir, f'decode_{input_generator.SplitName(cfg.eval_dataset)}')
@@ -526,8 +543,8 @@ def Execute(cfg, printer=Printer):
   if not cfg.logdir:
     raise ConfigError(f'--logdir is required for --mode={cfg.mode}')
   CheckLogdir(cfg.logdir)
-  if not training:  # Eval, decode and export restore theta on this host.
-    config_check.CheckHostMemory(task)
+  if not training and (cfg.mode == 'export' or cfg.strategy != 'tpu'):
+    config_check.CheckHostMemory(task)  # Restored on this host (as train).
   strategies.ConfigureCpuDevices(cfg.num_cpu_devices)
   tf.random.set_seed(cfg.seed if cfg.seed is not None else 1234)
   if training:

@@ -31,11 +31,12 @@ import sacrebleu
 import tensorflow as tf
 
 from lingshard import base_input
-from lingshard import sharding
 from lingshard.data import corpus_io
 from lingshard.data import vocab
+from lingshard.nested_map import NestedMap
 from lingshard.train import atomic
 from lingshard.train import decode_loop
+from lingshard.train import strategies
 
 Record = collections.namedtuple('Record',
                                 ['language', 'source', 'hypothesis',
@@ -123,11 +124,11 @@ class MtDecoder(decode_loop.BaseDecoder):
     self._decode_kwargs = dict(decode_kwargs or {})
     p = task.params
     self._jit = 'decode' in p and 'jit' in p.decode and p.decode.jit
-    self._decode = sharding.Function(self._Decode, xla_compiled=self._jit,
-                                     jit_compile=self._jit)
+    self._decode = None  # Compiled where the decoder is placed (Place).
 
-  def _Decode(self, theta, ids, paddings):
-    return self.task.Decode(theta, ids, paddings, **self._decode_kwargs)
+  def _Decode(self, theta, src):
+    return self.task.Decode(self.task.ShardTheta(theta), src.ids,
+                            src.paddings, **self._decode_kwargs)
 
   def DecodeBatch(self, theta, batch):
     """Records of one batch."""
@@ -136,8 +137,12 @@ class MtDecoder(decode_loop.BaseDecoder):
     if self._batch_size and rows < self._batch_size:
       src_ids, src_paddings = (_RepeatLastRow(t, self._batch_size)
                                for t in (src_ids, src_paddings))
-    ids, lengths = BestHypotheses(
-        self._decode(theta, src_ids, src_paddings))
+    if self._decode is None:
+      self._decode = (self.replicated or strategies.Replicated()).Function(
+          self._Decode, jit=self._jit)
+    blocks = [BestHypotheses(out) for out in self._decode(
+        theta, NestedMap(ids=src_ids, paddings=src_paddings))]
+    ids, lengths = (np.concatenate(x) for x in zip(*blocks))
     ids, lengths = ids[:rows], lengths[:rows]
     hyps = [self._tgt(row[:n]) for row, n in zip(ids, lengths)]
     if 'strs' in batch.tgt:

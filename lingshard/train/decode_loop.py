@@ -21,6 +21,14 @@ from lingshard.train import atomic
 class BaseDecoder:
   """What the trainer's `--mode=decode` needs from a task's decoder."""
 
+  # The strategies.Replicated the decoder's search runs under (the training
+  # job's strategy, mesh and compilation; None: one device).
+  replicated = None
+
+  def Place(self, replicated):
+    """Runs the search under `replicated`; before the first DecodeBatch."""
+    self.replicated = replicated
+
   def DecodeBatch(self, theta, batch):
     """A list of per-example records of one batch."""
     raise NotImplementedError(f'{type(self).__name__}.DecodeBatch')

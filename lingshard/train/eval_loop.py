@@ -23,8 +23,9 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard import base_input
-from lingshard import sharding
 from lingshard.train import atomic
+from lingshard.train import step as step_lib
+from lingshard.train import strategies
 from lingshard.nested_map import NestedMap
 
 ALL = 'all'
@@ -51,26 +52,31 @@ class Evaluator:
     task: the eval task (inference params); only its FProp is used.
     input_generator: has `GetDataset()`; must be finite if num_batches == 0.
     num_batches: batches per evaluation (0: the whole dataset).
+    replicated: a strategies.Replicated (the training job's strategy, mesh
+      and compilation); default: one device, op by op.
   """
 
-  def __init__(self, task, input_generator, num_batches=0):
+  def __init__(self, task, input_generator, num_batches=0, replicated=None):
     self.task = task
     self._input = input_generator
     self._num_batches = num_batches
-    self._fprop = sharding.Function(self._FProp, xla_compiled=False)
+    self.replicated = replicated or strategies.Replicated()
+    self._fprop = self.replicated.Function(self._FProp)
     self._is_nll = False  # Set while tracing: which PerExampleLoss branch.
 
   def _FProp(self, theta, batch, step):
-    metrics, per_example = self.task.FProp(
-        theta, base_input.NumericBatch(batch), step=step)
+    """One replica's rows: (metrics, loss [b], weight [b])."""
+    metrics, per_example = self.task.FProp(self.task.ShardTheta(theta),
+                                           batch, step=step)
     loss, weight, self._is_nll = PerExampleLoss(per_example)
     metrics = NestedMap({k: (tf.cast(v, tf.float32), tf.cast(w, tf.float32))
                          for k, (v, w) in metrics.items()})
-    language = batch.get('lang', tf.fill(tf.shape(loss), ALL))
-    return metrics, loss, weight, language
+    return metrics, loss, weight
 
   def Evaluate(self, theta, step):
-    """{'step', 'metrics': {name: mean}, 'languages': {lang: {...}}}."""
+    """{'step', 'metrics': {name: mean}, 'languages': {lang: {...}}}.
+
+    `theta`: tensors, or the variables of the strategy it runs under."""
     dataset = self._input.GetDataset()
     if self._num_batches:
       dataset = dataset.take(self._num_batches)
@@ -82,13 +88,17 @@ class Evaluator:
     per_lang = collections.defaultdict(lambda: [0.0, 0.0, 0])
     step_t = tf.constant(step, tf.int64)
     for batch in dataset:
-      metrics, loss, weight, language = self._fprop(theta, batch, step_t)
-      for name, (v, w) in metrics.items():
-        v, w = np.asarray(v), float(w)
+      blocks = self._fprop(theta, base_input.NumericBatch(batch), step_t)
+      for name, (v, w) in CombineReplicaMetrics(
+          [metrics for metrics, _, _ in blocks]).items():
         if v.size == 1:
           sums[name] += float(v) * w
           weights[name] += w
-      for lang, x, w in zip(language.numpy(), loss.numpy(), weight.numpy()):
+      loss = np.concatenate([np.asarray(x) for _, x, _ in blocks])
+      weight = np.concatenate([np.asarray(w) for _, _, w in blocks])
+      language = (np.asarray(batch['lang']) if 'lang' in batch else
+                  np.full(loss.shape, ALL.encode('utf-8')))
+      for lang, x, w in zip(language, loss, weight):
         acc = per_lang[lang.decode('utf-8')]
         acc[0] += float(x)
         acc[1] += float(w)
@@ -106,6 +116,30 @@ class Evaluator:
         entry['pplx'] = math.exp(min(entry['loss'], 700.0))
       result['languages'][lang] = entry
     return result
+
+
+def CombineReplicaMetrics(blocks):
+  """{name: (value ndarray, float weight)}: one batch's task metrics from
+  its replicas' row blocks (NestedMaps of (value, weight)), as one device
+  reports them on the whole batch (step.CrossReplicaSum's rules): counts
+  (step.IsCount) summed; a metric of weight 1 on every replica (a mean over
+  groups, e.g. aux_loss) averaged, weight 1; any other the mean weighted by
+  its weights (tokens, examples), weight their sum. One block: itself."""
+  out = {}
+  for name in blocks[0]:
+    vs = [np.asarray(b[name][0]) for b in blocks]
+    ws = [float(b[name][1]) for b in blocks]
+    if len(blocks) == 1:
+      out[name] = (vs[0], ws[0])
+    elif step_lib.IsCount(name):
+      out[name] = (sum(vs), ws[0])
+    elif all(w == 1.0 for w in ws):
+      out[name] = (sum(vs) / len(vs), 1.0)
+    else:
+      total = sum(ws)
+      out[name] = (sum(v * w for v, w in zip(vs, ws)) / total if total else
+                   vs[0], total)
+  return out
 
 
 def Scalars(result):

@@ -12,6 +12,11 @@
   step drive SPMD partitioning inside each replica and data parallelism
   runs across replicas.
 
+Eval and decode (`Replicated`) run their step under the same strategy,
+mesh and compilation as training: the restored theta is the training
+state's variables, the step is one tf.function, its batch split over the
+replicas by rows as the train step's is.
+
 Input: each worker process is one input pipeline (`InputContext`); the
 trainer builds its input with `ParamsForHost` (that worker's examples and
 share of the global batch) and `DistributeBatch` splits it over the
@@ -30,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from lingshard import platform as platform_lib
+from lingshard import sharding
 
 STRATEGIES = ('default', 'mirrored', 'multi_worker', 'tpu')
 
@@ -232,3 +238,73 @@ def DistributeBatch(strategy, batch, num_input_pipelines=1):
     return tf.nest.map_structure(lambda t: tf.split(t, local)[i], batch)
 
   return strategy.experimental_distribute_values_from_function(Slice)
+
+
+def _Read(theta):
+  """Theta's values (variables are read inside the program: a mirrored
+  variable gives its replica's copy)."""
+  return theta.Transform(tf.convert_to_tensor)
+
+
+class Replicated:
+  """An inference step (eval's forward pass, a decoder's search) run as
+  the train loop runs the train step: under `strategy`, the batch's rows
+  split evenly over the replicas (DistributeBatch; the step annotates the
+  weights and activations itself, e.g. task.ShardTheta), XLA-compiled and
+  annotated as `info.program` says (`jit` adds XLA compilation: a task's
+  own choice, e.g. the decoder's `decode.jit`). With the default strategy
+  the step is one tf.function of `fn` itself, as before strategies came
+  to eval.
+  """
+
+  def __init__(self, strategy=None, info=None):
+    self.strategy = strategy or tf.distribute.get_strategy()
+    self.info = info or StrategyInfo(kind='default')
+    self.program = self.info.program
+
+  def Describe(self):
+    """'strategy default: 1 replica(s) on mesh 8 (x)' (the mesh each replica
+    spans: platform.Program.spmd), 'strategy mirrored: 2 replica(s) of one
+    device, mesh 8 (x) not partitioned', '..., no mesh'."""
+    p = self.program
+    head = f'strategy {p.strategy}: {p.num_replicas} replica(s)'
+    if p.mesh_shape is None:
+      return f'{head}, no mesh'
+    names = f' ({", ".join(p.mesh_axis_names)})' if p.mesh_axis_names else ''
+    mesh = f'mesh {"x".join(str(d) for d in p.mesh_shape)}{names}'
+    if p.spmd:
+      return f'{head} on {mesh}'
+    return f'{head} of one device, {mesh} not partitioned'
+
+  def Function(self, fn, jit=False):
+    """`fn(theta, batch, *args)` as one compiled program (traced once per
+    input shapes). `theta`: tensors or variables (read in the program);
+    `batch`: a NestedMap of [B, ...] tensors split by rows; `args` go to
+    every replica. The returned callable gives a list of `fn`'s outputs on
+    consecutive row blocks of the batch, one per local replica, or one
+    output of the whole batch when B does not split evenly over them (each
+    replica then runs it whole)."""
+    p = self.program
+    jit = bool(jit or p.jit_compile) and p.strategy != 'tpu'
+    if p.strategy == 'default':  # One program, no replica function.
+      return sharding.Function(
+          lambda theta, batch, *args: [fn(_Read(theta), batch, *args)],
+          xla_compiled=jit or p.xla_compiled, jit_compile=jit)
+    # Across replicas each replica's step is an XLA program of its own
+    # (as the train step's halves: step.TrainStep.Replica).
+    step = (sharding.Function(fn, xla_compiled=True, jit_compile=True)
+            if jit else fn)
+    strategy = self.strategy
+    pipelines = self.info.num_input_pipelines
+
+    def Outer(theta, batch, *args):
+      local = strategy.num_replicas_in_sync // pipelines
+      rows = batch.Flatten()[0].shape[0]
+      even = rows is not None and rows % local == 0
+      split = DistributeBatch(strategy, batch, pipelines) if even else batch
+      out = strategy.experimental_local_results(strategy.run(
+          lambda th, b, *a: step(_Read(th), b, *a),
+          args=(theta, split) + args))
+      return list(out) if even else [out[0]]
+
+    return sharding.Function(Outer, xla_compiled=jit or p.xla_compiled)
