@@ -223,10 +223,6 @@ def RestoredTheta(params, logdir, strategy=None):
   return state.theta, step
 
 
-def _Read(var):
-  return var.read_value()
-
-
 def InferenceTask(params):
   """The task of eval/decode/export: built from the task class's
   `InferenceParams(task_params)`. Theta is the training task's."""
@@ -380,24 +376,15 @@ def CheckDecodeFlags(cfg):
                       'both (input shards, output directory)')
 
 
-def _DecodeShare(cfg, params):
-  """(this worker's index, workers) sharing the shards: the input
-  pipelines of the run's StrategyInfo (multi_worker: TF_CONFIG's)."""
-  if cfg.strategy == 'default':
-    return 0, 1
-  _, info = strategies.CreateStrategy(
-      cfg.strategy, cfg.tpu, params.task.device_mesh, cfg.jit,
-      params.task.mesh_axis_names)
-  return info.input_pipeline_id, info.num_input_pipelines
-
-
 def RunDecodeShards(cfg, params, printer, share=None):
   """The batch decode job: each --decode_input shard of this worker's share
-  (`share`: (index, workers), default _DecodeShare) is decoded with the
-  latest checkpoint into --decode_output/<shard>.hyp.txt unless that file
-  is complete (decode_loop.DecodeShards). Every shard is read and checked
-  before the output directory is made; the checkpoint is restored when a
-  shard needs decoding. Returns (decoded, skipped) input paths."""
+  (`share`: (index, workers), default the input pipelines of the run's
+  StrategyInfo, multi_worker: TF_CONFIG's) is decoded with the latest
+  checkpoint into --decode_output/<shard>.hyp.txt unless that file is
+  complete (decode_loop.DecodeShards), under the training job's strategy
+  and mesh (as RunDecode). Every shard is read and checked before the
+  output directory is made; the checkpoint is restored when a shard needs
+  decoding. Returns (decoded, skipped) input paths."""
   inputs = sorted(p for p in tf.io.gfile.glob(cfg.decode_input)
                   if not tf.io.gfile.isdir(p))
   if not inputs:
@@ -407,7 +394,9 @@ def RunDecodeShards(cfg, params, printer, share=None):
     raise ConfigError(f'--decode_input: the input of {cfg.model} '
                       f'({dev.input.cls.__name__}) reads no files')
   out_dir = decode_loop.OutputDir(cfg.decode_output)
-  worker, workers = share or _DecodeShare(cfg, params)
+  replicated = _Replicated(cfg, params, 'decode', printer)  # Reads no data.
+  worker, workers = share or (replicated.info.input_pipeline_id,
+                              replicated.info.num_input_pipelines)
   try:
     pairs = decode_loop.WorkerShards(
         decode_loop.ShardOutputs(inputs, out_dir), worker, workers)
@@ -433,8 +422,9 @@ def RunDecodeShards(cfg, params, printer, share=None):
       if decoder is None:
         raise ConfigError(f'--mode=decode: {type(task).__name__} has no '
                           'decoder (BaseTask.CreateDecoder returns None)')
-      theta, _ = RestoredTheta(params, cfg.logdir)
-      loaded.append((decoder, theta.Transform(_Read)))
+      decoder.Place(replicated)
+      theta, _ = RestoredTheta(params, cfg.logdir, replicated.strategy)
+      loaded.append((decoder, theta))
     decoder, theta = loaded[0]
     return decoder.HypothesisLines(decode_loop.DecodeDataset(
         decoder, theta, Input(path).GetDataset()))

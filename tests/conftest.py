@@ -108,6 +108,7 @@ _LONG_FILES = (
     'tests/test_readme_spmd.py',
     'tests/trainer/test_multi_host.py',
     'tests/spmd/test_check_model_input.py',
+    'tests/trainer/test_sharded_inference.py',
 )
 
 
