@@ -55,8 +55,8 @@ def test_relu_kinks_within_rounding_match_once_smoothed():
   grad = {e.name: e for e in r.errors}['grad_w']
   assert not grad.ok and grad.beyond == grad.size, r.Report()
   # ... and agree with relu's derivative smoothed: no partitioning error.
-  assert r.kink_errors is not None and all(e.ok for e in r.kink_errors)
   assert r.ok and r.matches, r.Report()
+  assert r.kink_errors is not None and all(e.ok for e in r.kink_errors)
   text = r.Report()
   assert '  parity vs single device: OK with ReLU kinks smoothed' in text
   assert '    kink grad_w float32[16]: ' in text
