@@ -70,7 +70,7 @@ _TOLERANCES = {
 # expert 5, max rel 2e-3; every other tensor within 5e-5). That token's
 # input gradient moves too, hence every gradient upstream of the unit: in
 # deeper models beyond this allowance (gpipe.TinyMoEPipelinedCircular on the
-# full corpus: 6 such units, 37 tensors), which the comparison with relu's
+# full corpus: 6 such units, 36 tensors), which the comparison with relu's
 # derivative smoothed (CheckFunction, layers/kinks.py) tells from a
 # partitioning error. A routing choice
 # flipped by rounding changes a whole expert's gradient, 1/E of wi: allowed
