@@ -1,0 +1,64 @@
+"""ReLU's kink, and the SPMD checker's smoothing of its derivative.
+
+relu'(z) jumps from 0 to 1 at z = 0. Two programs computing the same
+pre-activation with different rounding (the partitioned and the
+single-device program of `spmd/check.py`: other matmul shapes, another
+summation order) put a z within rounding of 0 on different sides, so one
+token's gradient through one hidden unit is in one program and not in the
+other. That changes the hidden unit's weight-gradient column and also the
+token's input gradient, hence every gradient upstream of the layer (a
+pipelined 16-layer TinyMoE on the full corpus: 6 units seen as
+weight-gradient columns (5 expert wi, 1 dense fc_in), upstream
+gradients off by up to 1e-3 relative in a few % of their elements).
+Nothing about the partitioning is wrong there.
+
+`Relu` is relu; traced inside `Tracking()` it counts itself, and inside
+`Tracking(smooth=True)` its forward value stays relu(z) bit for bit while
+its derivative becomes sigmoid(z / BAND): continuous, its slope at most
+1 / (4 BAND) = 1, as steep as GELU's derivative (0.8 at 0), for which
+the checker's tolerances are set (the same 16-layer model with GELU
+experts passes at max rel err 7.8e-5 < 1e-4), while relu's is infinitely
+steep. Activations are layer-normed, O(1): BAND is in their units, for
+every dtype (rounding, and the tolerance, grow with eps alike). The
+checker compares the partitioned program with its reference again under
+it when the plain comparison fails (check.py): elementwise math the
+partitioner treats as any other, so a partitioning error remains.
+"""
+
+import contextlib
+import contextvars
+
+import tensorflow as tf
+
+# {'kinks': relu calls traced, 'smooth': bool} of the open Tracking, or None.
+_STATE = contextvars.ContextVar('lingshard_kinks', default=None)
+
+
+@contextlib.contextmanager
+def Tracking(smooth=False):
+  """Yields a dict whose 'kinks' counts the `Relu` calls traced inside;
+  smooth=True: their derivative is smoothed (module docstring)."""
+  state = {'kinks': 0, 'smooth': bool(smooth)}
+  token = _STATE.set(state)
+  try:
+    yield state
+  finally:
+    _STATE.reset(token)
+
+
+# Width of the smoothed derivative (module docstring).
+BAND = 0.25
+
+
+def Relu(x):
+  """max(x, 0); see the module docstring for its traced variants."""
+  state = _STATE.get()
+  if state is None:
+    return tf.nn.relu(x)
+  state['kinks'] += 1
+  if not state['smooth']:
+    return tf.nn.relu(x)
+  # d/dx BAND * softplus(x / BAND) = sigmoid(x / BAND); the forward adds
+  # s - s = 0 exactly, so the value is relu(x) bit for bit.
+  s = BAND * tf.nn.softplus(x / BAND)
+  return tf.stop_gradient(tf.nn.relu(x)) + (s - tf.stop_gradient(s))
