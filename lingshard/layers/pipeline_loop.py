@@ -17,8 +17,7 @@ Forward (i is a tensor in the loop):
     state = Shift(E[0], bubble, 0)                  # [K, b, ...] a stream
     for i in range(N):
       saved[i] = state                              # all that is kept
-      w = theta if R == 1 else theta[k, chunk[i, k]]  # per stage k
-      out, aux = Stages(w, state, mb[i], chunk[i])
+      out, aux = Stages(theta, state, mb[i], chunk[i])
       outputs[i] = sum_k(out * last); auxes[i] = aux
       x = outputs[src[i + 1]] if src[i + 1] >= 0 else E[i + 1]  # circular
       state = Shift(x, [out] + state[1:], i + 1)
@@ -30,9 +29,8 @@ Backward (state_{i+1} = Shift(E[i + 1], [out_i] + state_i[1:], i + 1)):
       dx, (d_out, *d_pass) = ShiftVjp(g, i + 1)
       dE[i + 1] = dx, or d_outputs[src[i + 1]] += dx  # src[i + 1] <= i
       d_out += last * d_outputs[i]
-      d_w, d_state = StagesVjp(w, saved[i], [d_out] + d_auxes[i])
-      d_theta (at each stage's chunk with R > 1) += d_w
-      g = d_state + [0] + d_pass
+      d_theta_i, d_state = StagesVjp(theta, saved[i], [d_out] + d_auxes[i])
+      d_theta += d_theta_i; g = d_state + [0] + d_pass
     dE[0] = ShiftVjp(g, 0)[0]
 
 The stage functions are the unrolled schedule's (pipeline_stages).
@@ -73,12 +71,8 @@ class LoopedSchedule:
     self._table = tables.mb
     self._shift = layer.schedule.Shift
     self._recirculates = tables.recirculates
-    # R > 1: the stage function takes its chunk's weights, gathered per
-    # iteration (pipeline_stages.SelectChunks; the gradient added back at
-    # that chunk), so an iteration touches C slots of weights, not R C.
-    self._repeats = layer.stack.repeats
     self._one_stage, self._over_stages = pipeline_stages.StageFunctions(
-        layer, run, chunked=self._repeats > 1)
+        layer, run)
     self._theta_tpl = run.theta
     self._num_theta = len(run.theta.Flatten())
 
@@ -105,19 +99,7 @@ class LoopedSchedule:
   def _Consts(self, i):
     return pipeline_stages.StageConstants(
         self._layer, self._run, tf.gather(tf.constant(self._table), i),
-        self._Chunk(i))[:3]
-
-  def _Chunk(self, i):
-    return tf.gather(tf.constant(self._tables.chunk), i)
-
-  def _StageTheta(self, theta, i):
-    """(the stage function's weights in iteration i, the chunk index or
-    None): theta itself, or each stage's chunk with R > 1."""
-    if self._repeats == 1:
-      return theta, None
-    index = pipeline_stages.ChunkIndex(self._Chunk(i))
-    return self._ShardTheta(pipeline_stages.SelectChunks(
-        theta, index, self._repeats)), index
+        tf.gather(tf.constant(self._tables.chunk), i))
 
   def _FromOutput(self, i):
     """(bool scalar: x entering in iteration i is an earlier output, the
@@ -144,8 +126,7 @@ class LoopedSchedule:
                 for ts in zip(*[layer.Entering(run, tables, i, zeros)
                                 for i in range(n + 1)])]
     theta = run.theta.Flatten()
-    specs = self._Specs(self._StageTheta(theta, 0)[0] + run.BubbleState() +
-                        self._Consts(0))
+    specs = self._Specs(theta + run.BubbleState() + self._Consts(0))
     schedule = self._CustomGradient(specs,
                                     [t.dtype.is_floating for t in entering])
     results = schedule(*(theta + entering))
@@ -178,8 +159,7 @@ class LoopedSchedule:
       saved = [self._ShardIterations(_Put(b, i, s), True)
                for b, s in zip(saved, state)]
       res = self._over_stages('forward', self._one_stage,
-                              self._StageTheta(theta, i)[0] + state +
-                              self._Consts(i))
+                              theta + state + self._Consts(i))
       out = layer.ShardState(res[0])
       outs = self._ShardIterations(
           _Put(outs, i, tf.reduce_sum(out * run.last_mask, 0)), False)
@@ -270,16 +250,10 @@ class LoopedSchedule:
       d_out = d_pass[0] + run.last_mask * _Get(d_outs_i, i)[tf.newaxis]
       state = [layer.ShardState(_Get(b, i)) for b in saved]
       cot = [d_out] + [_Get(b, i) for b in d_auxes]
-      stage_theta, index = self._StageTheta(theta, i)
       grads = pipeline_remat.StagesVjp(
           self._over_stages, self._one_stage,
-          stage_theta + state + self._Consts(i), cot)
-      if index is None:
-        d_theta = [a + b for a, b in zip(d_theta, grads[:nt])]
-      else:
-        d_theta = pipeline_stages.AddChunks(d_theta, grads[:nt], index,
-                                            self._repeats)
-      d_theta = self._ShardTheta(d_theta)
+          theta + state + self._Consts(i), cot)
+      d_theta = self._ShardTheta([a + b for a, b in zip(d_theta, grads[:nt])])
       # Stream 0's stage input does not pass on (the stage's output does);
       # the others move to the next stage as they are.
       g = [layer.ShardState(grads[nt + s] + d_pass[c] if s else grads[nt])

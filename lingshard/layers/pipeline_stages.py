@@ -5,14 +5,9 @@ A stage holds S = R C slots of the stacked weights [K, S, ...]
 (pipeline_weights) and runs, in an iteration, the C slots of one chunk
 (R = 1: all S): slot c runs layer `ids[k, c]`, or passes its input through
 where `active[k, c]` is 0 (chunks of different depths). With R > 1 the
-chunk's weights are picked one of two ways. The while-loop runner gathers
-each stage's chunk [K, C, ...] before the stage function (`SelectChunks`,
-`chunked=True`) and scatter-adds its gradient (`AddChunks`): an iteration
-touches only the chunk's C slots of weights, as fill-drain's touches its S
-(the partitioner keeps both local: the gather's stage index is the split
-dim's own iota). The unrolled runner, differentiated by TF, takes a
-one-hot sum over the R chunks inside the stage (`select [K, R]`): exact,
-local, but it reads and writes all R chunks' weights every iteration. The body runs under `dropout.KeyedMasks(layer id, the
+chunk's weights are a one-hot sum over the R chunks (`select [K, R]`, the
+schedule's chunk of each stage): exact, local to the stage's device, and
+its gradient reaches only that chunk. The body runs under `dropout.KeyedMasks(layer id, the
 micro-batch's example rows)`, with each row's global first token when the
 pipeline was given a token_offset, so dropout and routing draw what the
 unpipelined stack draws.
@@ -61,32 +56,6 @@ def StageConstants(layer, run, stage_mb, stage_chunk):
   return [ids, active, rows, select]
 
 
-def _ByChunkLeaf(w, repeats):
-  """[K, R C, ...] -> [K, R, C, ...] (a reshape: no data moves)."""
-  shape = w.shape.as_list()
-  return tf.reshape(w, [shape[0], repeats, shape[1] // repeats] + shape[2:])
-
-
-def ChunkIndex(stage_chunk):
-  """int32 [K, 2]: (stage k, its chunk) for stage_chunk [K]."""
-  chunk = tf.cast(stage_chunk, tf.int32)
-  return tf.stack([tf.range(tf.size(chunk)), chunk], 1)
-
-
-def SelectChunks(leaves, index, repeats):
-  """Per theta leaf [K, R C, ...] the chunk of each stage, [K, C, ...]
-  (index: ChunkIndex)."""
-  return [tf.gather_nd(_ByChunkLeaf(w, repeats), index) for w in leaves]
-
-
-def AddChunks(leaves, chunk_grads, index, repeats):
-  """leaves [K, R C, ...] plus each stage's chunk gradient [K, C, ...]
-  at its chunk (SelectChunks' gradient, added in place)."""
-  return [tf.reshape(tf.tensor_scatter_nd_add(_ByChunkLeaf(w, repeats),
-                                              index, g), w.shape)
-          for w, g in zip(leaves, chunk_grads)]
-
-
 def AuxRow(layer, aux_list, stage_mb, stage_chunk):
   """(per slot aux, valid [K, C], layer ids [K, C]) of one iteration:
   valid is 1 where stage k's slot c ran a layer on a real micro-batch
@@ -108,18 +77,15 @@ def PackAux(run, leaves):
   return aux_list
 
 
-def StageFunctions(layer, run, chunked=False):
+def StageFunctions(layer, run):
   """(one_stage, over_stages): one stage's chunk of C slots as a function
   of [theta leaves [S, ...], x, pads, *extras, ids [C], active [C], rows
-  [b], (select [R] when R > 1)] -> [y] + aux leaves (`chunked`: theta
-  leaves [C, ...], the chunk already selected, and no select), and
+  [b], (select [R] when R > 1)] -> [y] + aux leaves, and
   `over_stages(name, fn, elems)`: fn on every stage (vectorised over K,
   pipeline_run.PipelineRun.OverStages)."""
   p = layer.params
   stack = layer.stack
   s, k, r, c = stack.slots, p.num_stages, stack.repeats, stack.chunk_slots
-  if chunked:
-    s, r = c, 1
   num_consts = 3 if r == 1 else 4
   body, step = layer.body, run.step
   if run.aux_tpls is None:
