@@ -75,11 +75,11 @@ flags.DEFINE_list('sched_repeats', ['2', '4'],
                   'R of the circular rows of the schedule table.')
 flags.DEFINE_integer('sched_layers', 16, 'L of the schedule table (a '
                      'multiple of every K R).')
-flags.DEFINE_integer('sched_model_dim', 256, 'Model dim of the schedule '
-                     'table: large enough that the layers\' compute, which '
-                     'the predicted ratio counts, outweighs the per-'
-                     'iteration costs of a while-loop iteration.')
-flags.DEFINE_integer('sched_hidden_dim', 1024, 'FFN hidden dim of the '
+flags.DEFINE_integer('sched_model_dim', 64, 'Model dim of the schedule '
+                     'table (larger: the layers\' compute, which the '
+                     'predicted ratio counts, weighs more against the '
+                     'per-iteration costs).')
+flags.DEFINE_integer('sched_hidden_dim', 256, 'FFN hidden dim of the '
                      'schedule table.')
 flags.DEFINE_list('mem_layers', ['4', '8', '16'], 'L of the memory table.')
 flags.DEFINE_list('mem_micro_batches', ['1', '2', '4', '8'],

@@ -132,8 +132,7 @@ CONFIGS = {
                               '--eff_layers=4', '--run_reps=1',
                               '--parts=memory,efficiency,schedule',
                               '--sched_stages=2', '--sched_micro_batches=4',
-                              '--sched_repeats=2', '--sched_model_dim=64',
-                              '--sched_hidden_dim=256',
+                              '--sched_repeats=2',
                               '--mem_batch_size=32', '--batch_size=16'),
                   # One bucket shape: one trace per step function.
                   mt_overrides='input.bucket_upper_bounds=[64];'
