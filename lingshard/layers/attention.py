@@ -60,6 +60,9 @@ class MultiHeadAttention(base_layer.BaseLayer):
         'bnts', [base_layer.BATCH, -1, -1, -1], 'Attention probs [B, N, T, S].')
     p.activation_split_dims_mapping.Define('btm', [base_layer.BATCH, -1, -1],
                                            'Output [B, T, M]: batch split.')
+    p.activation_split_dims_mapping.Define(
+        'cache_bsnh', [base_layer.BATCH, -1, -1, -1],
+        'Incremental decoding\'s key/value cache [B, S, N, H]: batch split.')
     return p
 
   def __init__(self, params):
@@ -148,8 +151,9 @@ class MultiHeadAttention(base_layer.BaseLayer):
     """Zero key/value cache NestedMap(k, v), each [B, S=max_len, N, H]."""
     p = self.params
     shape = [batch_size, max_len, p.num_heads, p.dim_per_head]
-    return NestedMap(k=tf.zeros(shape, self.fprop_dtype),
-                     v=tf.zeros(shape, self.fprop_dtype))
+    return NestedMap(
+        k=self.ShardActivation(tf.zeros(shape, self.fprop_dtype), 'cache_bsnh'),
+        v=self.ShardActivation(tf.zeros(shape, self.fprop_dtype), 'cache_bsnh'))
 
   def ExtendStep(self, theta, query_bqm, cache, positions_q, mask_bqs):
     """Self-attention of Q new tokens over the cache, after writing them.
@@ -172,5 +176,6 @@ class MultiHeadAttention(base_layer.BaseLayer):
     keep = keep_s[tf.newaxis, :, tf.newaxis, tf.newaxis]
     cache = NestedMap(
         k=cache.k * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.k),
-        v=cache.v * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.v))
+        v=cache.v * keep + tf.einsum('qs,bqnh->bsnh', write_qs, new.v)
+    ).Transform(lambda t: self.ShardActivation(t, 'cache_bsnh'))
     return self.Attend(theta, query_bqm, cache, mask_bqs), cache
