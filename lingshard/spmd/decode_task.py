@@ -160,9 +160,15 @@ def CheckDecode(model_key, mesh_shape, *, dataset='Dev', beam_size=None,
   xla_runtime.CpuDevices(int(np.prod(mesh_shape)))
   task = task_p.Instantiate()
   k, length, what = _DecodeSettings(task, beam_size, max_decode_len)
-  batch = check.FirstBatch(params.input.Instantiate())
+  input_generator = params.input.Instantiate()
+  batch = check.FirstBatch(input_generator)
   rows, src_len = batch.src.ids.shape
-  _CheckBatch(task, rows, f'{model_key} {dataset}')
+  full = max(int(input_generator.EvalBatchSize()), rows)
+  # A short batch (a small split's only one) is decoded as --mode=decode's
+  # MtDecoder does: its last row repeated up to the eval batch size.
+  src = NestedMap(ids=batch.src.ids, paddings=batch.src.paddings).Transform(
+      lambda a: np.concatenate([a, np.repeat(a[-1:], full - rows, 0)]))
+  _CheckBatch(task, full, f'{model_key} {dataset}')
   program = _Program(task, k, length)
   if output_fn is not None:
     def Perturbed(inputs):
@@ -170,14 +176,14 @@ def CheckDecode(model_key, mesh_shape, *, dataset='Dev', beam_size=None,
     fn = Perturbed
   else:
     fn = program
-  inputs = NestedMap(theta=task.theta.Transform(_Numpy),
-                     src=NestedMap(ids=batch.src.ids,
-                                   paddings=batch.src.paddings))
+  inputs = NestedMap(theta=task.theta.Transform(_Numpy), src=src)
   name = f'{model_key} decode'
   result = check.CheckFunction(fn, inputs, mesh_shape, name=name,
                                expect=expect, rtol=rtol, atol=atol)
-  return result, (f'decode: {what}; {dataset} batch of {rows} sentences x '
-                  f'{src_len} source tokens')
+  copies = (f' (+ {full - rows} copies of its last, as --mode=decode pads '
+            'a short batch)' if full > rows else '')
+  return result, (f'decode: {what}; {dataset} batch of {rows} sentences'
+                  f'{copies} x {src_len} source tokens')
 
 
 def DecodeBatchSpec(input_generator):
