@@ -236,6 +236,11 @@ def _CheckListModels(r):
 
 def _CheckSpmd(r):
   model = lib.Flag(r.argv, 'model')
+  if lib.Flag(r.argv, 'mode') == 'decode':  # Hypotheses compared exactly.
+    model += ' decode'
+    length = lib.Flag(r.argv, 'max_decode_len')
+    assert re.search(rf'^decode: .*, at most {length} tokens; Dev batch of ',
+                     r.stdout, re.M), r.Why()
   assert re.search(rf'^SPMD check: {re.escape(model)} on mesh ', r.stdout,
                    re.M), r.Why()
   assert re.search(r'^  parity vs single device: OK ', r.stdout, re.M)

@@ -33,7 +33,9 @@ def GreedySearch(step_fn, init_states, batch_size, max_len, sos_id, eos_id):
   def Body(t, cur_b, done_b, ids_bl, lengths_b, scores_b, states):
     logp_bv, states = step_fn(cur_b, t, states)
     token_b = tf.argmax(logp_bv, axis=-1, output_type=tf.int32)
-    logp_b = tf.gather(tf.cast(logp_bv, tf.float32), token_b, batch_dims=1)
+    # The chosen token's log-prob is the row's max (what a gather by
+    # token_b reads, without gathering indices across batch shards).
+    logp_b = tf.reduce_max(tf.cast(logp_bv, tf.float32), axis=-1)
     live_b = tf.logical_not(done_b)
     token_b = tf.where(live_b, token_b, 0)
     ids_bl += token_b[:, tf.newaxis] * tf.one_hot(t, max_len, dtype=tf.int32)

@@ -160,6 +160,17 @@ class PaperScale(M4Corpus):
         bucket_upper_bounds=list(PAPER_BUCKET_UPPER_BOUNDS),
         bucket_batch_limits=PaperBatch(PAPER_TOKENS[self.Cores()]))
 
+  # Decoding and eval on the training mesh (GShard App. A.1): one sentence
+  # per core, the batch split over every core. The default 16 sentences
+  # cannot split over 128+ cores; more per core grows the dropless
+  # one-token-group dispatch of the encoder pass (all of a batch's source
+  # tokens are slots of each core's expert: [1, B*T, 1, H] hidden).
+  def Dev(self):
+    return super().Dev().Set(eval_batch_size=self.Cores())
+
+  def Test(self):
+    return super().Test().Set(eval_batch_size=self.Cores())
+
 
 class _GShardMoE(PaperScale):
   """MoE(E, L) of GShard Table 1 on E cores (one expert per core).

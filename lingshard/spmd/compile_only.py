@@ -52,32 +52,58 @@ def CompileTrainStep(task, batch_spec, num_devices, *, name=None,
   """Partitions + compiles `task`'s train step for `num_devices` from
   specs; returns a check.CheckResult (not run) reporting `mesh_shape`
   (default [num_devices])."""
-  rules = expect_lib.ParseRules(expect)
   train_step, args = TrainStepArgs(task, batch_spec)
+
+  def Step(a):
+    theta, opt_state, metrics = train_step.Pure(a.theta, a.opt_state,
+                                                a.batch, a.step)
+    return NestedMap(theta=theta, opt_state=opt_state, metrics=metrics)
+
+  return CompileFunction(Step, args, num_devices, name=name or task.path,
+                         expect=expect, mesh_shape=mesh_shape)
+
+
+def CompileFunction(fn, args, num_devices, *, name, expect=(),
+                    mesh_shape=None):
+  """Partitions + compiles `fn(args) -> NestedMap` for `num_devices` from
+  `args`, a NestedMap of tf.TensorSpec; returns a check.CheckResult (not
+  run) reporting `mesh_shape` (default [num_devices])."""
+  rules = expect_lib.ParseRules(expect)
   items = args.FlattenItems()
   structure = {}
 
   def Flat(*leaves):  # The compiler IR API takes a flat list of specs.
-    a = args.Pack(list(leaves))
-    theta, opt_state, metrics = train_step.Pure(a.theta, a.opt_state,
-                                                a.batch, a.step)
-    out = NestedMap(theta=theta, opt_state=opt_state, metrics=metrics)
+    out = fn(args.Pack(list(leaves)))
     structure['out'] = out
     return out.Flatten()
 
   start = time.perf_counter()
   with sharding.SpmdPartitioning(num_devices):
-    fn = sharding.Function(Flat, xla_compiled=True, jit_compile=True)
-    hlo = fn.experimental_get_compiler_ir(*[v for _, v in items])(
+    traced = sharding.Function(Flat, xla_compiled=True, jit_compile=True)
+    hlo = traced.experimental_get_compiler_ir(*[v for _, v in items])(
         stage='hlo_serialized')
   export_seconds = time.perf_counter() - start
   program_size = check.ProgramSize(hlo)
   hlo = manual_constants.RouteConstantsIntoManualRegions(hlo)
   exe = xla_runtime.CompileSpmd(hlo, num_devices)
   output_names = [k for k, _ in structure['out'].FlattenItems()]
-  return check.Result(name or task.path, mesh_shape or [num_devices], exe,
+  return check.Result(name, mesh_shape or [num_devices], exe,
                       hlo, [k for k, _ in items], output_names, rules, None,
                       export_seconds, 0.0, program_size)
+
+
+def ConfigParams(model_key, dataset='Train'):
+  """(params, task built without variables) of a registered config for
+  the TPU program on its own mesh, validated by config_check
+  (ConfigCheckError) without creating any device; a config without a mesh
+  is a ConfigCheckError."""
+  params = model_registry.GetParams(model_key, dataset)
+  base_layer.ResolveParams(params.task, platform='tpu')  # The TPU program.
+  if params.task.device_mesh is None:
+    raise config_check.ConfigCheckError(
+        f'{model_key}: task.device_mesh is None; compile_only compiles a '
+        'config for its own mesh')
+  return params, config_check.Validate(params)
 
 
 def CompileModel(model_key, *, dataset='Train', bucket=-1, expect=()):
@@ -86,15 +112,9 @@ def CompileModel(model_key, *, dataset='Train', bucket=-1, expect=()):
   config check's error, base_input.InputError for an input that cannot
   describe its batch, DeviceCountError when the virtual CPU devices are
   not the mesh's (xla_runtime.ConfigureCpuDevices first)."""
-  params = model_registry.GetParams(model_key, dataset)
-  base_layer.ResolveParams(params.task, platform='tpu')  # The TPU program.
+  params, task = ConfigParams(model_key, dataset)
   mesh = params.task.device_mesh
-  if mesh is None:
-    raise config_check.ConfigCheckError(
-        f'{model_key}: task.device_mesh is None; compile_only compiles a '
-        'config for its own mesh')
   num = int(np.size(mesh))
-  task = config_check.Validate(params)
   xla_runtime.CpuDevices(num)
   batch_spec = params.input.Instantiate().BatchSpec(bucket)
   return CompileTrainStep(task, batch_spec, num, name=model_key,

@@ -13,9 +13,11 @@ check = pytest.importorskip('lingshard.spmd.check')
 def test_tiny_moe_on_eight_devices_matches_one_device():
   params = model_registry.GetParams('m4.TinyMoE', 'Train')
   # The program a TPU job runs: 'auto' dispatch is Algorithm 2's einsums
-  # (the gather dispatch's partitioning: tests/spmd/test_moe_partitioning).
+  # (the gather dispatch's partitioning: tests/spmd/test_moe_partitioning),
+  # and so is inference's with the experts split over the mesh.
   assert base_layer.ResolveParams(params, platform='tpu') == [
-      'task.moe_tpl.dispatch_impl']
+      'task.moe_tpl.dispatch_impl', 'task.moe_tpl.inference_dispatch_impl']
+  assert params.task.moe_tpl.inference_dispatch_impl == 'einsum'
   task = params.task.Instantiate()
   assert task.params.device_mesh.shape == (8,)
   batch = mt_testlib.SyntheticBatch(task.params, batch_size=8, src_len=8,

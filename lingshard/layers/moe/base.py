@@ -100,6 +100,18 @@ def AutoDispatchImpl(platform):
   return 'einsum' if platform == 'tpu' else 'gather'
 
 
+def ExpertsSplit(p):
+  """True if MoE params `p` split the expert dim of `wi` over a mesh axis
+  of more than one device (an inherited mesh counts as more than one)."""
+  wmap = p.weight_split_dims_mapping
+  mapping = wmap.Get('wi') if 'wi' in wmap else None
+  if not mapping or mapping[0] in (None, -1):
+    return False
+  if p.device_mesh is None:
+    return True
+  return sharding.AxisSize(p.device_mesh, mapping[0], p.mesh_axis_names) > 1
+
+
 class MoEBase(base_layer.BaseLayer):
   """Grouping, expert FFN, dispatch/combine and the FProp contract.
 
@@ -143,7 +155,10 @@ class MoEBase(base_layer.BaseLayer):
     p.Define('inference_dispatch_impl', 'sorted', 'The dispatch_impl '
              'ForInference (eval, decode, export) sets: sorted (dropless '
              'without padding) | einsum (Algorithm 2, any mesh: for expert-'
-             'sharded inference) | gather | auto. Same outputs.')
+             'sharded inference) | gather | auto. Same outputs. For the TPU '
+             '(ForPlatform) sorted with experts split over a mesh becomes '
+             'einsum: partitioned, sorted all-reduces each block\'s expert '
+             'weights instead of moving tokens (spmd_check --mode=decode).')
     p.Define('sorted_block_size', None, 'Rows per block B of the sorted '
              'dispatch; None = dispatch_sorted.AutoBlockSize (padding '
              'E*(B-1) rows <= a quarter of the G*S*k assignments).')
@@ -252,10 +267,19 @@ class MoEBase(base_layer.BaseLayer):
     """'auto' dispatch -> AutoDispatchImpl(platform): the one place it is
     resolved (the trainer, spmd_check and a layer built directly all come
     here through base_layer.ResolveParams / __init__)."""
-    if p.dispatch_impl != 'auto':
-      return []
-    p.dispatch_impl = AutoDispatchImpl(platform)
-    return ['dispatch_impl']
+    keys = []
+    if p.dispatch_impl == 'auto':
+      p.dispatch_impl = AutoDispatchImpl(platform)
+      keys.append('dispatch_impl')
+    if (platform == 'tpu' and p.inference_dispatch_impl == 'sorted' and
+        ExpertsSplit(p)):
+      # Partitioned, sorted's per-block gather of one expert's weights
+      # becomes an all-reduce of those weights per block and every token
+      # row is replicated (spmd_check --mode=decode measured it): no
+      # expert parallelism. Algorithm 2's all-to-all instead.
+      p.inference_dispatch_impl = 'einsum'
+      keys.append('inference_dispatch_impl')
+    return keys
 
   # BaseLayer's training hooks (moe/training_hooks.py).
   @classmethod
