@@ -1,5 +1,6 @@
 """`BaseTask` (a layer with a loss) and `SingleTaskModel` (task + input)."""
 
+import numpy as np
 import tensorflow as tf
 
 from lingshard import hyperparams
@@ -191,3 +192,23 @@ class SingleTaskModel:
       p = p.cls.ParamsForHost(p, input_context.num_input_pipelines,
                               input_context.input_pipeline_id)
     return p.Instantiate()
+
+
+def StageMesh(params):
+  """A pipelined task's 1-D mesh [K] as [1, K] (a data axis of 1): the
+  translation and image tasks build their layers from it.
+
+  Every layer splits the batch over mesh axis 0 (the data axis); on a
+  stages-only mesh that axis must not be the stage axis, or each micro-batch
+  would have to be gathered from all stages.
+  """
+  if (params.pipeline_tpl is None or params.device_mesh is None or
+      np.ndim(params.device_mesh) != 1):
+    return params
+  params = params.Copy()
+  params.device_mesh = np.reshape(params.device_mesh, [1, -1])
+  if params.mesh_axis_names is not None:
+    names = list(params.mesh_axis_names)
+    params.mesh_axis_names = [('replica' if 'data' in names else 'data')
+                              ] + names
+  return params

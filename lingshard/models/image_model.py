@@ -57,21 +57,6 @@ from lingshard.nested_map import NestedMap
 BN_STATISTICS = ('per_replica', 'cross_replica')
 
 
-def _StageMesh(params):
-  """A pipelined classifier's 1-D mesh [K] as [1, K]: the batch axis (0)
-  must not be the stage axis (as models/mt_model.py reads it)."""
-  if (params.pipeline_tpl is None or params.device_mesh is None or
-      np.ndim(params.device_mesh) != 1):
-    return params
-  params = params.Copy()
-  params.device_mesh = np.reshape(params.device_mesh, [1, -1])
-  if params.mesh_axis_names is not None:
-    names = list(params.mesh_axis_names)
-    params.mesh_axis_names = [('replica' if 'data' in names else 'data')
-                              ] + names
-  return params
-
-
 class ImageClassifier(base_model.BaseTask):
   """ResNet-style image classifier (module docstring)."""
 
@@ -97,7 +82,7 @@ class ImageClassifier(base_model.BaseTask):
     return p
 
   def __init__(self, params):
-    super().__init__(_StageMesh(params))
+    super().__init__(base_model.StageMesh(params))
     p = self.params
     self.CheckPositive('num_classes', 'channels', 'num_blocks')
     self.CheckOneOf('bn_statistics', BN_STATISTICS)

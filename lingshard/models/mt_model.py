@@ -75,25 +75,6 @@ def DecodeParams():
   return p
 
 
-def _StageMesh(params):
-  """A pipelined model's 1-D mesh [K] as [1, K] (a data axis of 1).
-
-  Every layer splits the batch over mesh axis 0 (the data axis); on a
-  stages-only mesh that axis must not be the stage axis, or each micro-batch
-  would have to be gathered from all stages.
-  """
-  if (params.pipeline_tpl is None or params.device_mesh is None or
-      np.ndim(params.device_mesh) != 1):
-    return params
-  params = params.Copy()
-  params.device_mesh = np.reshape(params.device_mesh, [1, -1])
-  if params.mesh_axis_names is not None:
-    names = list(params.mesh_axis_names)
-    params.mesh_axis_names = [('replica' if 'data' in names else 'data')
-                              ] + names
-  return params
-
-
 class TransformerMTModel(base_model.BaseTask):
   """Encoder-decoder Transformer with optional MoE FFNs; see module doc."""
 
@@ -182,7 +163,7 @@ class TransformerMTModel(base_model.BaseTask):
     return transformer.PipelinedMoEDispatch(p)
 
   def __init__(self, params):
-    params = _StageMesh(params)
+    params = base_model.StageMesh(params)
     super().__init__(params)
     p = self.params
     emb = embedding.EmbeddingLayer.Params().Set(embedding_dim=p.model_dim)

@@ -5,7 +5,6 @@ corpus is one line naming the prepare command."""
 import os
 
 import numpy as np
-import pytest
 import tensorflow as tf
 
 from lingshard import base_input
@@ -13,8 +12,6 @@ from lingshard import model_registry
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
 from tests.spmd import spmd_testlib
-from tests.data.conftest import fixture_wheel  # noqa: F401
-from tests.data.conftest import prepared_dir  # noqa: F401
 
 
 def test_numeric_batch_drops_only_string_leaves():
@@ -30,15 +27,6 @@ def test_numeric_batch_drops_only_string_leaves():
   assert [k for k, _ in out.FlattenItems()] == ['inputs[0]', 'src.ids',
                                                 'step']
   assert out.src.ids is batch.src.ids and out.step is batch.step
-
-
-@pytest.fixture
-def in_corpus_dir(prepared_dir, tmp_path, monkeypatch):  # noqa: F811
-  """A working directory whose data/ui_m4 is the prepared test corpus."""
-  (tmp_path / 'data').mkdir()
-  os.symlink(prepared_dir, tmp_path / 'data' / 'ui_m4')
-  monkeypatch.chdir(tmp_path)
-  return tmp_path
 
 
 def test_tiny_moe_real_batch_has_strings_that_stay_out_of_the_program(

@@ -14,19 +14,8 @@ from lingshard import sharding
 from lingshard.layers import base_layer
 from lingshard.spmd import decode_task
 from tests.spmd import spmd_testlib
-from tests.data.conftest import fixture_wheel  # noqa: F401
-from tests.data.conftest import prepared_dir  # noqa: F401
 
 _EXPECT = ['only:all-to-all,all-reduce', 'no-all-gather:wi|wo']
-
-
-@pytest.fixture
-def in_corpus_dir(prepared_dir, tmp_path, monkeypatch):  # noqa: F811
-  """A working directory whose data/ui_m4 is the prepared test corpus."""
-  (tmp_path / 'data').mkdir()
-  os.symlink(prepared_dir, tmp_path / 'data' / 'ui_m4')
-  monkeypatch.chdir(tmp_path)
-  return tmp_path
 
 
 def test_tiny_moe_flat_beam_decode_matches_one_device_with_all_to_alls(
