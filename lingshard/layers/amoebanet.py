@@ -67,6 +67,7 @@ import tensorflow as tf
 from lingshard.layers import base_layer
 from lingshard.layers import batch_norm
 from lingshard.layers import conv
+from lingshard.layers import kinks
 from lingshard.layers import pooling
 from lingshard.layers import resnet
 from lingshard.layers import separable_conv
@@ -162,7 +163,7 @@ class ReluConvBnLayer(base_layer.BaseLayer):
   def FProp(self, theta, x, paddings=None):
     """x [B, H, W, Cin], paddings None or [B] -> [B, H', W', Cout]."""
     if self.params.relu:
-      x = tf.nn.relu(x)
+      x = kinks.Relu(x)
     h = self.conv.FProp(theta.conv, x)
     return self.bn.FProp(theta.bn, h, resnet.ImagePaddings(paddings, h))
 
@@ -202,7 +203,7 @@ class FactorizedReductionLayer(base_layer.BaseLayer):
     if h % 2 or w % 2:
       raise ValueError(f'{self.path}: a factorized reduction needs even H '
                        f'and W, got [{h}, {w}]')
-    x = tf.nn.relu(x)
+    x = kinks.Relu(x)
     # A stride-2 1x1 conv reads pixels (0, 0), (0, 2), ...; from x[1:, 1:]
     # the odd ones (1, 1), (1, 3), ...
     even = self.conv_even.FProp(theta.conv_even, x)

@@ -21,6 +21,7 @@ import tensorflow as tf
 from lingshard.layers import base_layer
 from lingshard.layers import batch_norm
 from lingshard.layers import conv
+from lingshard.layers import kinks
 from lingshard.layers import linear
 from lingshard.nested_map import NestedMap
 
@@ -104,5 +105,5 @@ class ResidualBlock(base_layer.BaseLayer):
     del step  # No randomness.
     h, moments_a = self.a.FPropWithMoments(theta.a, x, paddings)
     h, moments_b = self.b.FPropWithMoments(theta.b, h, paddings)
-    y = tf.nn.relu(tf.cast(x, h.dtype) + h)
+    y = kinks.Relu(tf.cast(x, h.dtype) + h)
     return y, NestedMap(moments=NestedMap(a=moments_a, b=moments_b))

@@ -35,6 +35,7 @@ import tensorflow as tf
 from lingshard.layers import amoebanet
 from lingshard.layers import batch_norm
 from lingshard.layers import conv
+from lingshard.layers import kinks
 from lingshard.layers import linear
 from lingshard.layers import pooling
 from lingshard.models import base_model
@@ -141,7 +142,7 @@ class AmoebaNetClassifier(base_model.BaseTask):
     for cell, cell_theta in zip(self.cells, theta.cells):
       prev, x = x, cell.FProp(cell_theta, x, prev)
     logits = self.logits.FProp(theta.logits,
-                               self.gap.FProp(None, tf.nn.relu(x)))
+                               self.gap.FProp(None, kinks.Relu(x)))
     return NestedMap(logits=tf.cast(logits, tf.float32))
 
   # The image classifier's loss and metrics: it reads only the params

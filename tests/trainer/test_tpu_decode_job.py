@@ -5,8 +5,6 @@ v3-2048 pod slice prints its exact commands and passes the topology check
 mesh does not tile the slice, and missing or local decode paths, are
 refused in one line before any command."""
 
-import importlib.util
-import os
 import shlex
 import subprocess
 import sys
@@ -15,8 +13,8 @@ import pytest
 
 from tests.trainer import trainer_testlib
 
-SCRIPT = os.path.join(trainer_testlib.REPO, 'scripts', 'tpu_vm', 'launch.py')
-TPU = ['gcloud', 'compute', 'tpus', 'tpu-vm']
+SCRIPT = trainer_testlib.LAUNCH_SCRIPT
+TPU = trainer_testlib.TPU_VM
 WHERE = ['--zone=europe-west4-a', '--project=proj']
 LOGDIR = 'gs://bucket/m4/moe2048e36l'
 INPUT = 'gs://bucket/in/part-*.tsv'
@@ -27,16 +25,11 @@ DECODE = ['--mode=decode', f'--decode_input={INPUT}',
           f'--decode_output={OUTPUT}']
 
 
-def _Module():
-  spec = importlib.util.spec_from_file_location('tpu_vm_launch', SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+_Module = trainer_testlib.LaunchModule
 
 
 def _Ssh(worker, command):
-  return TPU + ['ssh', 'ls-1t'] + WHERE + [f'--worker={worker}',
-                                          f'--command={command}']
+  return trainer_testlib.TpuSsh('ls-1t', WHERE, worker, command)
 
 
 def test_decode_job_dry_run_on_v3_2048():

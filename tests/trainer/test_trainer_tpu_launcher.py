@@ -1,8 +1,6 @@
 """scripts/tpu_vm/launch.py: --dry_run prints every command of the batch
 job; the VM is created only when missing and deleted only if created."""
 
-import importlib.util
-import os
 import shlex
 import subprocess
 import sys
@@ -11,26 +9,21 @@ import pytest
 
 from tests.trainer import trainer_testlib
 
-SCRIPT = os.path.join(trainer_testlib.REPO, 'scripts', 'tpu_vm', 'launch.py')
+SCRIPT = trainer_testlib.LAUNCH_SCRIPT
 ARGS = ['--name=ls-m4', '--zone=us-central2-b', '--project=proj',
         '--accelerator_type=v4-32', '--model=m4.TinyMoE',
         '--logdir=gs://bucket/runs/m4',
         '--trainer_args=--max_steps=100 --params_override='
         "'task.train.save_interval_steps=50;task.train.log_interval_steps=5'"]
-TPU = ['gcloud', 'compute', 'tpus', 'tpu-vm']
+TPU = trainer_testlib.TPU_VM
 WHERE = ['--zone=us-central2-b', '--project=proj']
 
 
-def _Module():
-  spec = importlib.util.spec_from_file_location('tpu_vm_launch', SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+_Module = trainer_testlib.LaunchModule
 
 
 def _Ssh(worker, command):
-  return TPU + ['ssh', 'ls-m4'] + WHERE + [f'--worker={worker}',
-                                          f'--command={command}']
+  return trainer_testlib.TpuSsh('ls-m4', WHERE, worker, command)
 
 
 def test_dry_run_prints_every_command():

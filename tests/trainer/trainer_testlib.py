@@ -3,6 +3,7 @@ trainer binary in a subprocess."""
 
 import glob
 import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -87,3 +88,22 @@ def Snapshot(directory):
       out[os.path.relpath(path, directory)] = (st.st_size, st.st_mtime_ns,
                                                digest)
   return out
+
+
+LAUNCH_SCRIPT = os.path.join(REPO, 'scripts', 'tpu_vm', 'launch.py')
+TPU_VM = ['gcloud', 'compute', 'tpus', 'tpu-vm']
+
+
+def LaunchModule():
+  """scripts/tpu_vm/launch.py as a module (a script, not in a package)."""
+  spec = importlib.util.spec_from_file_location('tpu_vm_launch',
+                                                LAUNCH_SCRIPT)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def TpuSsh(name, where, worker, command):
+  """The launcher's `gcloud ... ssh` command line on `worker`."""
+  return TPU_VM + ['ssh', name] + where + [f'--worker={worker}',
+                                           f'--command={command}']

@@ -313,12 +313,18 @@ def test_auto_dispatch_is_resolved_per_platform():
 
 def test_resolve_dispatch_sets_every_auto_in_a_params_tree():
   from lingshard import model_registry  # pylint: disable=g-import-not-at-top
-  for platform, impl in (('cpu', 'gather'), ('tpu', 'einsum')):
+  # On TPU, inference of experts split over the mesh (m4.TinyMoE's 8
+  # devices) also leaves the sorted dispatch, which has no expert
+  # parallelism there, for Algorithm 2's einsum (MoEBase.ForPlatform).
+  for platform, impl, inference_impl in (('cpu', 'gather', 'sorted'),
+                                         ('tpu', 'einsum', 'einsum')):
     p = model_registry.GetParams('m4.TinyMoE', 'Train')
     assert p.task.moe_tpl.dispatch_impl == 'auto'
     keys = base_layer.ResolveParams(p, platform=platform)
-    assert keys == ['task.moe_tpl.dispatch_impl']
+    assert keys == ['task.moe_tpl.dispatch_impl'] + (
+        ['task.moe_tpl.inference_dispatch_impl'] if platform == 'tpu' else [])
     assert p.task.moe_tpl.dispatch_impl == impl
+    assert p.task.moe_tpl.inference_dispatch_impl == inference_impl
     task = p.task.Instantiate()
     impls = {layer.dispatch_impl for layer in task.AllLayers()
              if isinstance(layer, moe_base.MoEBase)}
