@@ -9,6 +9,7 @@ from lingshard.layers import pipeline
 from lingshard.models import image_model
 from lingshard.nested_map import NestedMap
 from lingshard.train import step as train_step
+from tests.models import image_testlib
 
 _B, _K, _M = 8, 2, 4
 
@@ -48,15 +49,6 @@ def _Reference(task, theta, body_thetas, batch):
                              task.gap.FProp(None, tf.concat(outs, 0)))
   metrics, _ = task.ComputeLoss(theta, NestedMap(logits=logits), batch)
   return metrics.loss[0], moments
-
-
-def _WholeBatch(parts):
-  """numpy (mean, population variance) of the union of moment parts."""
-  count = sum(float(p.count) for p in parts)
-  mean = sum(float(p.count) * p.mean.numpy() for p in parts) / count
-  m2 = sum(p.m2.numpy() + float(p.count) * (p.mean.numpy() - mean)**2
-           for p in parts)
-  return mean, m2 / count
 
 
 def test_pipelined_equals_per_micro_batch_plain_and_step_updates_moving():
@@ -106,7 +98,7 @@ def test_pipelined_equals_per_micro_batch_plain_and_step_updates_moving():
   new_layers = task.body.LayerThetas(new.body)
   for index in range(3):
     for key in ('a', 'b'):
-      mean, var = _WholeBatch([mb[index][key] for mb in moments])
+      mean, var = image_testlib.WholeBatch([mb[index][key] for mb in moments])
       np.testing.assert_allclose(new_layers[index][key].bn.moving.numpy(),
                                  Want(mean, var), rtol=1e-4, atol=1e-5)
   # The stem's BN saw the whole batch: numpy over conv(x)'s positions.

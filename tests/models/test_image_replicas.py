@@ -12,6 +12,7 @@ from lingshard.layers import pipeline
 from lingshard.models import image_model
 from lingshard.nested_map import NestedMap
 from lingshard.train import step as train_step
+from tests.models import image_testlib
 
 # B examples, data x stage mesh [D, K], M micro-batches: each replica's
 # share of a micro-batch is B / (M D) = 4 examples.
@@ -111,14 +112,6 @@ def _Rows(d, i):
   return list(range(start, start + size))
 
 
-def _WholeBatch(parts):
-  count = sum(float(p.count) for p in parts)
-  mean = sum(float(p.count) * p.mean.numpy() for p in parts) / count
-  m2 = sum(p.m2.numpy() + float(p.count) * (p.mean.numpy() - mean)**2
-           for p in parts)
-  return mean, m2 / count
-
-
 def test_replicas_normalise_their_own_shards_and_moving_is_the_mini_batch():
   task = _Params(mesh=True).Instantiate()
   assert task.stem.bn.params.num_groups == _D
@@ -157,6 +150,6 @@ def test_replicas_normalise_their_own_shards_and_moving_is_the_mini_batch():
   new_layers = task.body.LayerThetas(new.body)
   for index in range(2):
     for key in ('a', 'b'):
-      mean, var = _WholeBatch([mb[index][key] for mb in moments])
+      mean, var = image_testlib.WholeBatch([mb[index][key] for mb in moments])
       np.testing.assert_allclose(new_layers[index][key].bn.moving.numpy(),
                                  Want(mean, var), rtol=1e-4, atol=1e-5)
