@@ -38,10 +38,10 @@ number of cores, not by K.
 
 (c) Schedule (`--parts=schedule`): the step time of fill-drain against the
 circular schedule (pipeline_schedule.Circular, R = 2, 4 layer chunks per
-stage) at each K and M, L = --sched_layers, remat and the while-loop
-runner (the default path). Every program is compiled first, then their
-timed runs are interleaved (round-robin, median of --run_reps), so a
-change in the machine's load hits all alike. Circular runs R M + K - 1
+stage) at each K and M, L = --sched_layers, N = --sched_batch_size,
+remat and the while-loop runner (the default path). Every program is
+compiled first, then their timed runs are interleaved (round-robin,
+median of --run_reps), so a change in the machine's load hits all alike. Circular runs R M + K - 1
 iterations of 1/R of a stage's layers, fill-drain M + K - 1 of all of
 them: the predicted time ratio is ((R M + K - 1) / R) / (M + K - 1). XLA's
 temp memory of each program is printed with it.
@@ -81,6 +81,11 @@ flags.DEFINE_integer('sched_model_dim', 64, 'Model dim of the schedule '
                      'per-iteration costs).')
 flags.DEFINE_integer('sched_hidden_dim', 256, 'FFN hidden dim of the '
                      'schedule table.')
+flags.DEFINE_integer('sched_batch_size', None, 'Mini-batch N (sequences) '
+                     'of the schedule table, default --batch_size (larger: '
+                     'each micro-batch\'s '
+                     'layer compute, which the predicted ratio counts, '
+                     'weighs more against the per-iteration costs).')
 flags.DEFINE_list('mem_layers', ['4', '8', '16'], 'L of the memory table.')
 flags.DEFINE_list('mem_micro_batches', ['1', '2', '4', '8'],
                   'M of the memory table.')
@@ -251,6 +256,7 @@ def _ScheduleRows(stages, micro_batches, repeats):
       for r in [None] + repeats:
         result, once = _Measure(
             FLAGS.sched_layers, k, mb, True, run='later', repeats=r,
+            batch_size=FLAGS.sched_batch_size or FLAGS.batch_size,
             dims=(FLAGS.sched_model_dim, FLAGS.sched_hidden_dim))
         programs.append(((k, mb, r), result, once))
         print(f'# schedule K={k} M={mb} R={r or 1}: compiled', flush=True)
@@ -409,7 +415,9 @@ def _Report(mem_rows, eff_rows, sched_rows=()):
   if sched_rows:
     _PrintTable(
         f'(c) schedule, L = {FLAGS.sched_layers}, model dim '
-        f'{FLAGS.sched_model_dim}, FFN {FLAGS.sched_hidden_dim}, remat, '
+        f'{FLAGS.sched_model_dim}, FFN {FLAGS.sched_hidden_dim}, N = '
+        f'{FLAGS.sched_batch_size or FLAGS.batch_size} x {FLAGS.seq_len} '
+        'tokens, remat, '
         'while loops; '
         'ratio = step time / fill-drain\'s, interleaved runs; predicted = '
         '((R M + K - 1) / R) / (M + K - 1)',
