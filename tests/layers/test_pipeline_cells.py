@@ -1,0 +1,231 @@
+"""CellPipelinedLayer (layers/pipeline_cells.py): AmoebaNet cells that change
+shape and read x_prev as a K-stage GPipe pipeline == the cells run one after
+another on each micro-batch; moving averages of the whole mini-batch;
+per-cell thetas; one-line errors; the SPMD partition."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from lingshard.layers import amoebanet
+from lingshard.layers import base_layer
+from lingshard.layers import batch_norm
+from lingshard.layers import pipeline_cells
+from lingshard.layers import pipeline_run
+from lingshard.nested_map import NestedMap
+from lingshard.spmd import check
+
+_B, _M = 8, 4
+_IMAGE = (8, 8, 4)
+_DECAY = 0.7
+# (reduction, filters): a normal cell, a reduction cell (8x8 -> 4x4, 3 F
+# channels), a normal cell whose x_prev is twice its size (factorized
+# reduction), a normal cell.
+_PLAN = [(False, 4), (True, 8), (False, 8), (False, 8)]
+
+
+def _CellTpls():
+  tpls, x, prev = [], _IMAGE, None
+  for reduction, filters in _PLAN:
+    tpls.append(amoebanet.AmoebaCell.Params().Set(
+        genotype='D', reduction=reduction, filters=filters, input_shape=x,
+        prev_shape=prev, bn_decay=_DECAY))
+    prev, x = x, amoebanet.CellOutputShape('D', reduction, filters, x)
+  return tpls
+
+
+def _Params(k=2, **kw):
+  return pipeline_cells.CellPipelinedLayer.Params().Set(
+      name='body', cell_tpls=_CellTpls(), input_shape=_IMAGE, num_stages=k,
+      num_micro_batches=_M, **kw)
+
+
+class _Cells(base_layer.BaseLayer):
+  """The unpipelined cells: children cell_000, ... (the pipeline's paths)."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('cell_tpls', None, 'The cells.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    self.CreateChildren('cell', self.params.cell_tpls)
+
+
+def _Inputs(seed=0):
+  rng = np.random.RandomState(seed)
+  x = rng.normal(1.0, 2.0, size=[_B, *_IMAGE]).astype(np.float32)
+  cot = rng.normal(size=[_B, 4, 4, 32]).astype(np.float32)
+  return tf.constant(x), tf.constant(cot)
+
+
+def _PerMicroBatch(layer, cell_thetas, x):
+  """The cells one after another on each micro-batch (pipeline_run's rows):
+  (y [B, ...], per micro-batch the inputs (x, x_prev) of every cell)."""
+  rows = pipeline_run.MicroBatchRows(_B, _M, 1)
+  ys, inputs = [None] * _B, []
+  for mb in range(_M):
+    h, prev, seen = tf.gather(x, rows[mb]), None, []
+    for cell, theta in zip(layer.cells, cell_thetas):
+      seen.append((h, prev))
+      prev, h = h, cell.FProp(theta, h, prev)
+    inputs.append(seen)
+    for r, row in enumerate(rows[mb]):
+      ys[row] = h[r]
+  return tf.stack(ys), inputs
+
+
+def _LossAndGrads(layer, theta, x, cot, pipelined):
+  leaves = theta.Flatten()
+  with tf.GradientTape() as tape:
+    tape.watch(leaves + [x])
+    stacked = theta.Pack(leaves)
+    if pipelined:
+      y = layer.FProp(stacked, x)
+    else:
+      y, _ = _PerMicroBatch(layer, layer.CellThetas(stacked), x)
+    loss = tf.reduce_sum(y * cot)
+  grads = tape.gradient(loss, leaves + [x])
+  return loss, grads
+
+
+def _Close(got, want, what):
+  """Normwise: ||got - want|| <= 1e-5 ||want|| (+ a floor for zeros)."""
+  got, want = (tf.convert_to_tensor(t).numpy() for t in (got, want))
+  err = np.linalg.norm(got - want)
+  assert err <= 1e-5 * np.linalg.norm(want) + 1e-6, (what, err)
+
+
+@pytest.mark.parametrize('k,remat', [(2, True), (2, False), (3, True)])
+def test_pipeline_equals_cells_run_per_micro_batch(k, remat):
+  layer = _Params(k, remat=remat).Instantiate()
+  theta = layer.theta.Transform(tf.convert_to_tensor)
+  x, cot = _Inputs()
+  loss, grads = _LossAndGrads(layer, theta, x, cot, True)
+  want_loss, want = _LossAndGrads(layer, theta, x, cot, False)
+  np.testing.assert_allclose(loss.numpy(), want_loss.numpy(), rtol=1e-5)
+  names = [key for key, _ in theta.FlattenItems()] + ['x']
+  for name, g, w in zip(names, grads, want):
+    _Close(g, w, name)
+  # The stages really differ: a reduction inside, every stage non-empty.
+  assert len(layer.StageSplits()) == k and min(layer.StageSplits()) >= 1
+
+
+def test_stage_shapes_are_derived_and_printed():
+  layer = _Params(2, stage_splits=[1, 3]).Instantiate()
+  assert layer.StageShapes() == [
+      'stage 0: cells 0-0, in x [8,8,4] prev - -> out [8,8,16] prev [8,8,4]',
+      'stage 1: cells 1-3, in x [8,8,16] prev [8,8,4] -> out [4,4,32] prev '
+      '[4,4,32]']
+  # P: the largest boundary, (x, x_prev) per example.
+  assert layer.CarrierSize() == 8 * 8 * 16 + 8 * 8 * 4
+  # The FLOPs balance: the reduction and later cells cost less per cell
+  # than the first two, K = 2 cuts after cell 1.
+  balanced = _Params(2).Instantiate()
+  assert balanced.StageSplits() == [2, 2]
+
+
+def test_one_step_moves_the_moving_averages_to_the_whole_mini_batch():
+  """GPipe §2.2: statistics per micro-batch, moving averages over the
+  mini-batch: after one step each cell's first BN (its `base` unit, input
+  conv1x1(relu(x))) holds decay old + (1 - decay) (mean, variance, 1) of
+  its input over all micro-batches; padded columns stay as they were."""
+  layer = _Params(2).Instantiate()
+  theta = layer.theta.Transform(tf.convert_to_tensor)
+  old = np.array([[0.5], [2.0], [0.5]], np.float32)  # Mean 1, variance 4.
+  theta.moving = tf.constant(np.broadcast_to(old, theta.moving.shape))
+  x, cot = _Inputs(1)
+  _, grads = _LossAndGrads(layer, theta, x, cot, True)
+  slot = grads[[k for k, _ in theta.FlattenItems()].index('moving')]
+  rate = 1.0 - _DECAY
+  assert layer.DeclaredWeights().moving.count_update_rate == pytest.approx(
+      rate)
+  new = batch_norm.MovingAverage.Updated(theta.moving, slot, rate)
+  new_cells = layer.CellThetas(NestedMap(w=theta.w, moving=new))
+  _, inputs = _PerMicroBatch(layer, layer.CellThetas(theta), x)
+  for i, (cell, cell_theta) in enumerate(zip(layer.cells,
+                                             layer.CellThetas(theta))):
+    h = tf.concat([cell.base.conv.FProp(cell_theta.base.conv,
+                                        tf.nn.relu(mb[i][0]))
+                   for mb in inputs], 0).numpy()
+    h = h.reshape(-1, h.shape[-1]).astype(np.float64)
+    want = _DECAY * old + rate * np.stack(
+        [h.mean(0), h.var(0), np.ones(h.shape[-1])])
+    np.testing.assert_allclose(new_cells[i].base.bn.moving.numpy(), want,
+                               rtol=1e-4, atol=1e-5, err_msg=f'cell {i}')
+  # Stage 0 has fewer BN columns than stage 1: its padding.
+  first = layer.StageSplits()[0]
+  used = sum(v.shape[-1] for c in layer.CellThetas(theta)[:first]
+             for key, v in c.FlattenItems() if key.endswith('moving'))
+  assert used < new.shape[-1]
+  np.testing.assert_array_equal(new[0, :, used:].numpy(),
+                                theta.moving[0, :, used:].numpy())
+
+
+def test_per_cell_thetas_round_trip_to_the_unpipelined_cells():
+  layer = _Params(3).Instantiate()
+  plain = _Cells.Params().Set(name='body', cell_tpls=_CellTpls()).Instantiate()
+  per_cell = layer.CellThetas(layer.theta)
+  assert len(per_cell) == len(_PLAN)
+  for i, (got, want) in enumerate(zip(per_cell, plain.theta.cell)):
+    assert got.IsCompatible(want), i
+    for (key, g), w in zip(got.FlattenItems(), want.Flatten()):
+      np.testing.assert_array_equal(g.numpy(), w.numpy(), err_msg=key)
+  again = layer.StackCellThetas(plain.theta.cell)
+  for key, value in layer.theta.FlattenItems():
+    np.testing.assert_array_equal(again[key].numpy(), value.numpy())
+
+
+def test_one_line_errors():
+  with pytest.raises(pipeline_cells.CellPipelineError) as e:
+    _Params(5).Instantiate()
+  assert str(e.value) == ('body: num_stages 5 exceeds the 4 cells; use at '
+                          'most 4 stages')
+  with pytest.raises(pipeline_cells.CellPipelineError) as e:
+    _Params(2, stage_splits=[3, 2]).Instantiate()
+  assert str(e.value) == ('body: stage_splits [3, 2] must be 2 counts >= 1 '
+                          'summing to the 4 cells')
+  bad = _Params(2)
+  bad.input_shape = (8, 8, 6)
+  with pytest.raises(pipeline_cells.CellPipelineError) as e:
+    bad.Instantiate()
+  assert str(e.value) == (
+      'body: cell 0 (body/cell_000) does not take x [8,8,6] and x_prev -: '
+      'body/cell_000: x must be [B, 8, 8, 4], got [1, 8, 8, 6]')
+
+
+@pytest.mark.parametrize('mesh_shape,names', [((2,), ('stage',)),
+                                              ((2, 2), ('data', 'stage'))])
+def test_spmd_partition_equals_one_device_and_shifts_by_permutes(
+    mesh_shape, names):
+  """A train step on K = 2 stages (2x2: batch over data too): the stage
+  computation in a manual region over the stage axis, each device running
+  its own stage's cells (switch_case); partitioned == unpartitioned, the
+  carrier moves by collective-permutes and the stacked weights are never
+  gathered."""
+  mesh = np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape)
+  layer = _Params(2, device_mesh=mesh, mesh_axis_names=names,
+                  stage_mesh_axis='stage',
+                  batch_mesh_axis='data' if 'data' in names else None
+                  ).Instantiate()
+  x, cot = _Inputs()
+  inputs = NestedMap(theta=layer.theta.Transform(lambda v: v.numpy()),
+                     x=x.numpy(), cot=cot.numpy())
+
+  def Step(ins):
+    theta = layer.ShardTheta(ins.theta)
+    leaves = theta.Flatten()
+    with tf.GradientTape() as tape:
+      tape.watch(leaves)
+      y = layer.FProp(theta.Pack(leaves), ins.x)
+      loss = tf.reduce_sum(y * ins.cot)
+    grads = theta.Pack(tape.gradient(loss, leaves))
+    return NestedMap(loss=loss, grads=layer.ShardTheta(grads))
+
+  r = check.CheckFunction(Step, inputs, mesh_shape, expect=[
+      'has:collective-permute', 'no-all-gather:theta'])
+  assert r.ok, r.Report()
+  assert r.input_shardings['theta.w'].startswith(
+      '{devices=[2,1]' if len(mesh_shape) == 1 else '{devices=[2,1,2]')
