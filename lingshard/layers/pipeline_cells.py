@@ -180,6 +180,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     self.__dict__['_cells'] = cells
     shapes, costs = self._TraceCells(cells)
     self.__dict__['_cell_shapes'] = shapes  # L (x, x_prev, y)
+    self.__dict__['_cell_costs'] = costs
     splits = self._Splits(n, costs)
     try:
       layout = pipeline_cell_weights.CellWeights(p.name, cells, splits,
@@ -259,6 +260,11 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     """L (x, x_prev, y) per-example shapes (x_prev None for cell 0)."""
     return list(self._cell_shapes)
 
+  def CellCosts(self):
+    """L per-example matmul / convolution FLOPs of the cells' forward
+    (module docstring): what balances the stages."""
+    return list(self._cell_costs)
+
   def _StageIO(self, stage):
     """((x, x_prev) in, (y, y_prev) out) per-example shapes of `stage`."""
     cells = self._layout.Cells(stage)
@@ -318,6 +324,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     """x [B, *input_shape] -> the last cell's output [B, ...]."""
     del step  # The cells draw no randomness.
     p = self.params
+    schedule = pipeline_schedule.FillDrain(pipeline_schedule.FillDrain.Params())
     x = tf.convert_to_tensor(x, p.fprop_dtype)
     if tuple(x.shape.as_list()[1:]) != tuple(p.input_shape):
       raise CellPipelineError(f'{p.name}: x must be [B, '
@@ -336,13 +343,13 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     entering = [self._Pack([mb], size) for mb in micro]
     zeros = tf.zeros_like(entering[0])
     k = p.num_stages
-    tables = pipeline_schedule.Tables(self._schedule, m, k)
+    tables = pipeline_schedule.Tables(schedule, m, k)
     last_mask = np.zeros([k, 1, 1], np.float32)
     last_mask[-1] = 1.0
     last_mask = tf.constant(last_mask, entering[0].dtype)
     state = self.ShardState(tf.broadcast_to(zeros[tf.newaxis],
                                             [k] + zeros.shape.as_list()))
-    state = self._schedule.Shift(self, entering[0], state, 0)
+    state = schedule.Shift(self, entering[0], state, 0)
     token, last = tf.zeros([], tf.float32), {}
     needed = tables.Needed()
     for t in range(tables.n):
@@ -352,16 +359,12 @@ class CellPipelinedLayer(base_layer.BaseLayer):
         last[t] = tf.reduce_sum(out * last_mask, 0)
       if t + 1 < tables.n:
         mb = int(tables.enter_mb[t + 1])
-        state = self._schedule.Shift(self, entering[mb] if mb >= 0 else zeros,
+        state = schedule.Shift(self, entering[mb] if mb >= 0 else zeros,
                                      out, t + 1)
     y_shape = self._cell_shapes[-1][2]
     ys = [tf.reshape(last[t][:, :_Size(y_shape)], [-1, *y_shape])
           for t in tables.outputs.tolist()]
     return self._Unblock(tf.stack(ys), m)
-
-  @property
-  def _schedule(self):
-    return pipeline_schedule.FillDrain(pipeline_schedule.FillDrain.Params())
 
   # --------------------------------------------------------- micro-batches
   def _Block(self, t, m):

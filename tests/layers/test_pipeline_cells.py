@@ -121,10 +121,21 @@ def test_stage_shapes_are_derived_and_printed():
       '[4,4,32]']
   # P: the largest boundary, (x, x_prev) per example.
   assert layer.CarrierSize() == 8 * 8 * 16 + 8 * 8 * 4
-  # The FLOPs balance: the reduction and later cells cost less per cell
-  # than the first two, K = 2 cuts after cell 1.
-  balanced = _Params(2).Instantiate()
-  assert balanced.StageSplits() == [2, 2]
+
+
+def test_stages_are_balanced_by_the_cells_conv_flops():
+  """Per example, 2 |out| KH KW Cin per conv: cell 0 a 3x3 4->8 conv on
+  8x8; cell 1 a 1x1 4->8 (x_prev) on 8x8 and a stride-2 3x3 8->16; cell 2
+  two stride-2 1x1 8->8 (factorized reduction) and a 3x3 16->16 on 4x4.
+  The most expensive cell alone makes the slowest stage smallest."""
+  layer = _ToyParams(None, None).Instantiate()
+  assert layer.CellCosts() == [
+      2 * 64 * 8 * 9 * 4, 2 * 64 * 8 * 4 + 2 * 16 * 16 * 9 * 8,
+      2 * (2 * 16 * 8 * 8) + 2 * 16 * 16 * 9 * 16]
+  assert layer.StageSplits() == [2, 1]
+  # Given costs override the traced ones.
+  assert _ToyParams(None, None).Set(cell_costs=[3.0, 1.0, 1.0]).Instantiate(
+  ).StageSplits() == [1, 2]
 
 
 def test_one_step_moves_the_moving_averages_to_the_whole_mini_batch():
@@ -196,6 +207,53 @@ def test_one_line_errors():
       'body/cell_000: x must be [B, 8, 8, 4], got [1, 8, 8, 6]')
 
 
+class _ToyCell(base_layer.BaseLayer):
+  """y = conv(relu(x + adapt(x_prev))) with BN, stride s: a cell that reads
+  x_prev (brought to x's shape) and may halve H, W (the SPMD test's cell:
+  a tenth of an AmoebaCell's ops)."""
+
+  @classmethod
+  def Params(cls):
+    p = super().Params()
+    p.Define('input_shape', None, '(H, W, C) of x.')
+    p.Define('prev_shape', None, '(H, W, C) of x_prev, or None.')
+    p.Define('filters', 0, 'Output channels.')
+    p.Define('stride', 1, '1 or 2.')
+    return p
+
+  def __init__(self, params):
+    super().__init__(params)
+    p = self.params
+    h, _, c = p.input_shape
+    self.CreateChild('conv', amoebanet.ReluConvBnLayer.Params().Set(
+        input_dim=c, output_dim=p.filters, kernel_size=(3, 3),
+        stride=(p.stride, p.stride), bn_decay=_DECAY))
+    if p.prev_shape is not None:
+      cls = (amoebanet.FactorizedReductionLayer if p.prev_shape[0] == 2 * h
+             else amoebanet.ReluConvBnLayer)
+      self.CreateChild('prev', cls.Params().Set(
+          input_dim=p.prev_shape[2], output_dim=c, bn_decay=_DECAY))
+
+  def FProp(self, theta, x, x_prev=None):
+    if x_prev is not None:
+      x = x + self.prev.FProp(theta.prev, x_prev)
+    return self.conv.FProp(theta.conv, x)
+
+
+def _ToyParams(mesh, names):
+  # (8,8,4) -> (8,8,8) -> stride 2 (4,4,16) -> (4,4,16), x_prev 2x larger.
+  shapes = [((8, 8, 4), None, 8, 1), ((8, 8, 8), (8, 8, 4), 16, 2),
+            ((4, 4, 16), (8, 8, 8), 16, 1)]
+  return pipeline_cells.CellPipelinedLayer.Params().Set(
+      name='body', input_shape=_IMAGE, num_stages=2, num_micro_batches=2,
+      cell_tpls=[_ToyCell.Params().Set(input_shape=x, prev_shape=prev,
+                                       filters=f, stride=s)
+                 for x, prev, f, s in shapes],
+      device_mesh=mesh, mesh_axis_names=names,
+      stage_mesh_axis=None if mesh is None else 'stage',
+      batch_mesh_axis='data' if names and 'data' in names else None)
+
+
 @pytest.mark.parametrize('mesh_shape,names', [((2,), ('stage',)),
                                               ((2, 2), ('data', 'stage'))])
 def test_spmd_partition_equals_one_device_and_shifts_by_permutes(
@@ -206,13 +264,11 @@ def test_spmd_partition_equals_one_device_and_shifts_by_permutes(
   carrier moves by collective-permutes and the stacked weights are never
   gathered."""
   mesh = np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape)
-  layer = _Params(2, device_mesh=mesh, mesh_axis_names=names,
-                  stage_mesh_axis='stage',
-                  batch_mesh_axis='data' if 'data' in names else None
-                  ).Instantiate()
-  x, cot = _Inputs()
+  layer = _ToyParams(mesh, names).Instantiate()
+  x, _ = _Inputs()
+  cot = np.random.RandomState(3).normal(size=[_B, 4, 4, 16])
   inputs = NestedMap(theta=layer.theta.Transform(lambda v: v.numpy()),
-                     x=x.numpy(), cot=cot.numpy())
+                     x=x.numpy(), cot=cot.astype(np.float32))
 
   def Step(ins):
     theta = layer.ShardTheta(ins.theta)
@@ -225,7 +281,8 @@ def test_spmd_partition_equals_one_device_and_shifts_by_permutes(
     return NestedMap(loss=loss, grads=layer.ShardTheta(grads))
 
   r = check.CheckFunction(Step, inputs, mesh_shape, expect=[
-      'has:collective-permute', 'no-all-gather:theta'])
+      'has:collective-permute', 'only:collective-permute,all-reduce',
+      'no-all-gather:theta'])
   assert r.ok, r.Report()
   assert r.input_shardings['theta.w'].startswith(
       '{devices=[2,1]' if len(mesh_shape) == 1 else '{devices=[2,1,2]')
