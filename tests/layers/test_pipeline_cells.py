@@ -284,5 +284,17 @@ def test_spmd_partition_equals_one_device_and_shifts_by_permutes(
       'has:collective-permute', 'only:collective-permute,all-reduce',
       'no-all-gather:theta'])
   assert r.ok, r.Report()
+  # The manual region's program is the pipeline: the no-mesh pipeline
+  # (its static stage loop, == the cells per micro-batch above) agrees, on
+  # rows ordered as the data-sharded micro-batches (pipeline_run).
+  plain = _ToyParams(None, None).Instantiate()
+  theta = inputs.theta.Transform(tf.constant)
+  rows = pipeline_run.MicroBatchRows(_B, 2, layer.DataShards()).reshape(-1)
+  loss, grads = _LossAndGrads(plain, theta, tf.gather(x, rows),
+                              tf.gather(inputs.cot, rows), True)
+  np.testing.assert_allclose(r.outputs['loss'], loss.numpy(), rtol=1e-5)
+  for (key, _), g in zip(theta.FlattenItems(), grads):
+    got = r.outputs[f'grads.{key}']
+    assert np.linalg.norm(got - g.numpy()) <= 1e-5 * np.linalg.norm(got), key
   assert r.input_shardings['theta.w'].startswith(
       '{devices=[2,1]' if len(mesh_shape) == 1 else '{devices=[2,1,2]')
