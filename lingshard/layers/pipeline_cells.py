@@ -172,7 +172,11 @@ class CellPipelinedLayer(base_layer.BaseLayer):
             f'{p.stage_mesh_axis} of size {size}; set num_stages to {size}')
     cells = []
     for i, tpl in enumerate(tpls):
-      cp = self._ChildParams(f'cell_{i:03d}', tpl)
+      try:
+        cp = tpl.cls.ForPipeline(self._ChildParams(f'cell_{i:03d}', tpl),
+                                 p.name)
+      except ValueError as e:
+        raise CellPipelineError(str(e)) from None
       cp.device_mesh = None  # Partitioned from the carrier and weights.
       # Not children: only the stacked variables are created; adopted so
       # that each cell's path (its weights' seeds) is a child's.
@@ -316,6 +320,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     return x
 
   def DataShards(self):
+    """D: the size of batch_mesh_axis in the device mesh (1 if none)."""
     p = self.params
     return sharding.AxisSize(p.device_mesh, p.batch_mesh_axis,
                              p.mesh_axis_names)
@@ -360,7 +365,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
       if t + 1 < tables.n:
         mb = int(tables.enter_mb[t + 1])
         state = schedule.Shift(self, entering[mb] if mb >= 0 else zeros,
-                                     out, t + 1)
+                               out, t + 1)
     y_shape = self._cell_shapes[-1][2]
     ys = [tf.reshape(last[t][:, :_Size(y_shape)], [-1, *y_shape])
           for t in tables.outputs.tolist()]
