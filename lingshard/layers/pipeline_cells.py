@@ -264,6 +264,17 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     """L (x, x_prev, y) per-example shapes (x_prev None for cell 0)."""
     return list(self._cell_shapes)
 
+  def WeightLayout(self):
+    """[K, max cells per stage]: the cell each stage's slot holds, -1
+    padding (recorded in checkpoints: another split of the cells would
+    restore the flat rows permuted)."""
+    splits = self._layout.splits
+    out = np.full([len(splits), max(splits)], -1, np.int64)
+    for stage in range(len(splits)):
+      cells = self._layout.Cells(stage)
+      out[stage, :len(cells)] = cells
+    return out
+
   def CellCosts(self):
     """L per-example matmul / convolution FLOPs of the cells' forward
     (module docstring): what balances the stages."""

@@ -123,6 +123,9 @@ def test_stage_shapes_are_derived_and_printed():
       'stage 0: cells 0-0, in x [8,8,4] prev - -> out [8,8,16] prev [8,8,4]',
       'stage 1: cells 1-3, in x [8,8,16] prev [8,8,4] -> out [4,4,32] prev '
       '[4,4,32]']
+  # Checkpoints record which cell each stage holds (train/checkpointer).
+  np.testing.assert_array_equal(layer.WeightLayout(),
+                                [[0, -1, -1], [1, 2, 3]])
   # P: the largest boundary, (x, x_prev) per example.
   assert layer.CarrierSize() == 8 * 8 * 16 + 8 * 8 * 4
 
