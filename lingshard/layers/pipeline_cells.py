@@ -229,7 +229,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
                                 'return one [B, ...] tensor')
       y = tuple(graph.outputs[0].shape.as_list()[1:])
       shapes.append((x, prev, y))
-      costs.append(sum(_OpFlops(op) for op in graph.get_operations()))
+      costs.append(float(sum(_OpFlops(op) for op in graph.get_operations())))
       prev, x = x, y
     return shapes, costs
 
