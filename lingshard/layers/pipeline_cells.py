@@ -275,6 +275,12 @@ class CellPipelinedLayer(base_layer.BaseLayer):
       out[stage, :len(cells)] = cells
     return out
 
+  def CellParamCounts(self):
+    """L counts of each cell's own trainable weights (the stacked `w`
+    also holds the padding up to the largest stage: count these)."""
+    return [sum(leaf.size for leaf in leaves if not leaf.moving)
+            for leaves in self._layout.leaves]
+
   def CellCosts(self):
     """L per-example matmul / convolution FLOPs of the cells' forward
     (module docstring): what balances the stages."""

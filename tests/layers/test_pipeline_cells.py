@@ -140,6 +140,12 @@ def test_stages_are_balanced_by_the_cells_conv_flops():
       2 * 64 * 8 * 9 * 4, 2 * 64 * 8 * 4 + 2 * 16 * 16 * 9 * 8,
       2 * (2 * 16 * 8 * 8) + 2 * 16 * 16 * 9 * 16]
   assert layer.StageSplits() == [2, 1]
+  # Each cell's own weights (conv filters, BN gamma and beta): the stacked
+  # row of stage 0 holds cells 0 and 1, padded to stage 1's cell 2.
+  counts = [9 * 4 * 8 + 2 * 8, (4 * 8 + 2 * 8) + (9 * 8 * 16 + 2 * 16),
+            (2 * 8 * 8 + 2 * 16) + (9 * 16 * 16 + 2 * 16)]
+  assert layer.CellParamCounts() == counts
+  assert layer.theta.w.shape == [2, max(counts[0] + counts[1], counts[2])]
   # Given costs override the traced ones.
   assert _ToyParams(None, None).Set(cell_costs=[3.0, 1.0, 1.0]).Instantiate(
   ).StageSplits() == [1, 2]
