@@ -372,11 +372,11 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     state = self.ShardState(tf.broadcast_to(zeros[tf.newaxis],
                                             [k] + zeros.shape.as_list()))
     state = schedule.Shift(self, entering[0], state, 0)
-    token, last = tf.zeros([], tf.float32), {}
+    token, last, traced = tf.zeros([], tf.float32), {}, {}
     needed = tables.Needed()
     for t in range(tables.n):
       branch = np.where(tables.mb[t] >= 0, np.arange(k), k).astype(np.int32)
-      out, token = self._RunStages(weights, state, branch, token)
+      out, token = self._RunStages(weights, state, branch, token, traced)
       if t in needed:
         last[t] = tf.reduce_sum(out * last_mask, 0)
       if t + 1 < tables.n:
@@ -481,7 +481,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     manual = None if np.asarray(mesh).ndim == 1 else p.stage_mesh_axis
     local = [sharding.auto_to_manual(t, mesh, mp, names, manual)
              for t, mp in zip(ins, maps)]
-    branch_l = sharding.auto_to_manual(tf.constant(branch), mesh,
+    branch_l = sharding.auto_to_manual(tf.convert_to_tensor(branch), mesh,
                                        [p.stage_mesh_axis], names, manual)
     outs = []
     for i in range(local[0].shape[0]):  # 1 per device; K unannotated.
@@ -493,25 +493,41 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     return [sharding.manual_to_auto(o, mesh, maps[j], ins[j].shape, names,
                                     manual) for o, j in zip(outs, like)]
 
-  def _RunStages(self, weights, state, branch, token):
-    """(out [K, b, P], the next ordering token) of one iteration."""
+  def _RunStages(self, weights, state, branch, token, traced):
+    """(out [K, b, P], the next ordering token) of one iteration.
+
+    On a mesh the stages' forward and VJP are each traced once per FProp
+    (`traced`, with the branch table an argument) and called by every
+    iteration: tracing every stage's cells in each of the M + K - 1
+    iterations dominated the export of a pipelined AmoebaNet step.
+    """
     p = self.params
     nw = len(weights)
     maps = [[p.stage_mesh_axis] + [-1] * (w.shape.rank - 1) for w in weights]
     state_map = [p.stage_mesh_axis, p.batch_mesh_axis, -1]
+    on_mesh = p.device_mesh is not None and p.stage_mesh_axis is not None
+
+    def Over(name, fn, ins, in_maps, like):
+      if not on_mesh:
+        return self._OverStages(fn, ins, in_maps, branch, like)
+      if name not in traced:
+        def Traced(branch_k, *ts):
+          return self._OverStages(fn, list(ts), in_maps, branch_k, like)
+
+        # Nested in the step's trace: keeps the outer program's choice.
+        traced[name] = sharding.Function(Traced, xla_compiled=True)
+      return traced[name](tf.constant(branch), *ins)
 
     def Forward(ins):
-      return self._OverStages(
-          lambda s, a: [self._Stage(s, a[0], a[1] if nw == 2 else None,
-                                    a[-1])],
-          ins, maps + [state_map], branch, [nw])
+      return Over('forward', lambda s, a: [self._Stage(
+          s, a[0], a[1] if nw == 2 else None, a[-1])],
+                  ins, maps + [state_map], [nw])
 
     if p.remat:
       def Vjp(ins, dys):
-        return self._OverStages(
-            lambda s, a: self._StageVjp(s, a[:nw + 1], a[-1]),
-            list(ins) + list(dys), maps + [state_map] * 2, branch,
-            list(range(nw + 1)))
+        return Over('vjp', lambda s, a: self._StageVjp(s, a[:nw + 1], a[-1]),
+                    list(ins) + list(dys), maps + [state_map] * 2,
+                    list(range(nw + 1)))
 
       out = pipeline_remat.RematStages(Forward, Vjp, weights + [state], [],
                                        token, nw)[0]
