@@ -109,6 +109,7 @@ _LONG_FILES = (
     'tests/trainer/test_multi_host.py',
     'tests/spmd/test_check_model_input.py',
     'tests/trainer/test_sharded_inference.py',
+    'tests/layers/test_pipeline_cells.py',
 )
 
 
