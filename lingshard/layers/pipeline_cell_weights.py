@@ -16,7 +16,8 @@ Instead every stage's weights are one flat row:
                         padded columns receive n = 0 (no change).
 
 Dim 0 is split over the stage mesh axis, so a device holds its own stage's
-row. Cell i's weights are initialised as the unpipelined cell's would be
+row. With the circular schedule a stage's row holds its R chunks' cells
+(chunks k, k + K, ...), in cell order. Cell i's weights are initialised as the unpipelined cell's would be
 (each leaf by its own layer's `InitialWeightValue`, i.e. seeds of
 (random_seed, weight path), the cells adopted as `<pipeline path>/cell_<i>`).
 `CellThetas` gives the per-cell theta NestedMaps back, `Stack` the inverse.
@@ -56,14 +57,27 @@ class CellWeights:
   Args:
     name: the pipeline's name (error messages).
     cells: the L cell layers (adopted under the pipeline).
-    splits: K cell counts per stage.
+    splits: cell counts per chunk of consecutive cells: K R counts, chunk
+      j on stage j % K (R = 1: one chunk per stage).
     dtype: the weights' dtype (every cell weight must have it).
+    num_stages: K (None: len(splits), one chunk per stage).
   """
 
-  def __init__(self, name, cells, splits, dtype):
-    self.splits = list(splits)
-    self.num_stages = len(self.splits)
-    self.stage_of = np.repeat(np.arange(self.num_stages), self.splits)
+  def __init__(self, name, cells, splits, dtype, num_stages=None):
+    self.chunk_splits = [int(s) for s in splits]
+    self.num_stages = k = num_stages or len(self.chunk_splits)
+    starts = np.cumsum([0] + self.chunk_splits)
+    self.chunk_cells = [list(range(int(starts[j]), int(starts[j + 1])))
+                        for j in range(len(self.chunk_splits))]
+    # A stage's row holds its chunks' cells in cell order (chunks k, k + K,
+    # ...: ascending), so each device keeps only its own chunks' weights.
+    self.stage_cells = [
+        sum((self.chunk_cells[j] for j in range(s, len(splits), k)), [])
+        for s in range(k)]
+    self.splits = [len(c) for c in self.stage_cells]
+    self.stage_of = np.zeros([len(cells)], np.int64)
+    for s, stage_cells in enumerate(self.stage_cells):
+      self.stage_of[stage_cells] = s
     self.declared = [cell.DeclaredWeights() for cell in cells]
     self.leaves = []  # Per cell: [_Leaf] in its theta's Flatten() order.
     rows = np.zeros([self.num_stages, 2], np.int64)  # (w, moving) used.
@@ -101,15 +115,19 @@ class CellWeights:
     self.dtype = dtype
 
   def Cells(self, stage):
-    """The cell indices of `stage`."""
-    first = sum(self.splits[:stage])
-    return list(range(first, first + self.splits[stage]))
+    """The cell indices of `stage` (all its chunks), ascending."""
+    return list(self.stage_cells[stage])
 
-  def StageThetas(self, stage, w, moving):
-    """Per cell of `stage`, its theta from the stage's row w [Wmax] and
-    moving [3, Dmax] (None without batch norm)."""
+  def ChunkCells(self, chunk):
+    """The cell indices of chunk j (on stage j % K)."""
+    return list(self.chunk_cells[chunk])
+
+  def StageThetas(self, stage, w, moving, cells=None):
+    """Per cell of `stage` (or of `cells`, some of its cells), its theta
+    from the stage's row w [Wmax] and moving [3, Dmax] (None without batch
+    norm)."""
     out = []
-    for i in self.Cells(stage):
+    for i in (self.Cells(stage) if cells is None else cells):
       leaves = []
       for leaf in self.leaves[i]:
         if leaf.moving:
@@ -122,10 +140,12 @@ class CellWeights:
 
   def CellThetas(self, theta):
     """The L per-cell thetas of the stacked theta NestedMap(w, moving)."""
-    out = []
+    out = [None] * len(self.leaves)
     for stage in range(self.num_stages):
       moving = theta.moving[stage] if self.moving_size else None
-      out += self.StageThetas(stage, theta.w[stage], moving)
+      for i, cell_theta in zip(self.Cells(stage), self.StageThetas(
+          stage, theta.w[stage], moving)):
+        out[i] = cell_theta
     return out
 
   def Stack(self, cell_thetas):

@@ -20,7 +20,15 @@ product of every index's size; MatMul: 2 M K N), which balances the stages
 Weights: pipeline_cell_weights (one flat row per stage, split over the
 stage mesh axis; batch-norm moving averages in their own [K, 3, Dmax]).
 
-Running, per FProp (pipeline_schedule.FillDrain's tables):
+Schedules (`schedule`, pipeline_schedule): FillDrain (GPipe §2.2: stage k
+holds the k-th of K groups of consecutive cells) or Circular(R): the cells
+are cut into K R chunks of consecutive cells, stage k holds chunks k,
+k + K, ..., and a micro-batch goes R times round the ring, re-entering
+stage 0 with its previous pass's last-stage carrier (y, y_prev): bubble
+(K - 1) / (R M + K - 1) instead of (K - 1) / (M + K - 1). A stage runs one
+chunk per iteration, the one its (micro-batch, pass) needs.
+
+Running, per FProp (the schedule's tables; fill-drain shown):
 
     state = Shift(Entering(0), zeros [K, b, P], 0)
     for t in range(M + K - 1):
@@ -137,7 +145,12 @@ class CellPipelinedLayer(base_layer.BaseLayer):
              '(e.g. (H, W, C)).')
     p.Define('num_stages', 1, 'K: pipeline stages.')
     p.Define('num_micro_batches', 1, 'M: micro-batches per mini-batch.')
-    p.Define('stage_splits', None, 'Optional K cell counts per stage; None '
+    p.Define('schedule', pipeline_schedule.FillDrain.Params(),
+             'The schedule (pipeline_schedule): FillDrain (GPipe §2.2) or '
+             'Circular(R): stage k holds chunks k, k + K, ... of '
+             'consecutive cells and a micro-batch goes R times round.')
+    p.Define('stage_splits', None, 'Optional K R cell counts per chunk '
+             '(K per stage with fill-drain); None '
              '= balanced by the cells\' FLOPs (PartitionByCost).')
     p.Define('cell_costs', None, 'Optional L cell costs for the balance; '
              'None = each cell\'s traced matmul/conv FLOPs per example.')
@@ -174,6 +187,11 @@ class CellPipelinedLayer(base_layer.BaseLayer):
         raise CellPipelineError(
             f'{p.name}: num_stages {k} does not fit the mesh axis '
             f'{p.stage_mesh_axis} of size {size}; set num_stages to {size}')
+    try:
+      self.__dict__['_schedule'] = p.schedule.Instantiate()
+      self._schedule.Check(p.name, n, k)
+    except (ValueError, AttributeError) as e:
+      raise CellPipelineError(str(e)) from None
     cells = []
     for i, tpl in enumerate(tpls):
       try:
@@ -192,7 +210,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     splits = self._Splits(n, costs)
     try:
       layout = pipeline_cell_weights.CellWeights(p.name, cells, splits,
-                                                 p.dtype)
+                                                 p.dtype, num_stages=k)
     except pipeline_cell_weights.CellWeightsError as e:
       raise CellPipelineError(str(e)) from None
     self.__dict__['_layout'] = layout
@@ -238,8 +256,9 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     return shapes, costs
 
   def _Splits(self, n, costs):
+    """Cells per chunk: K R counts (K with fill-drain)."""
     p = self.params
-    k = p.num_stages
+    k = p.num_stages * self._schedule.repeats
     if p.stage_splits is not None:
       splits = list(p.stage_splits)
       if (len(splits) != k or any(not isinstance(s, int) or s < 1
@@ -290,27 +309,33 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     (module docstring): what balances the stages."""
     return list(self._cell_costs)
 
-  def _StageIO(self, stage):
-    """((x, x_prev) in, (y, y_prev) out) per-example shapes of `stage`."""
-    cells = self._layout.Cells(stage)
+  def _ChunkIO(self, chunk):
+    """((x, x_prev) in, (y, y_prev) out) per-example shapes of chunk j
+    (stage j % K's pass j // K; with fill-drain chunk k is stage k)."""
+    cells = self._layout.ChunkCells(chunk)
     first, last = self._cell_shapes[cells[0]], self._cell_shapes[cells[-1]]
     return (first[0], first[1]), (last[2], last[0])
 
+  def _NumChunks(self):
+    return self.params.num_stages * self._schedule.repeats
+
   def StageShapes(self):
-    """K lines: each stage's cells and its boundary shapes."""
-    lines = []
-    for stage in range(self.params.num_stages):
-      cells = self._layout.Cells(stage)
-      (x, prev), (y, y_prev) = self._StageIO(stage)
-      lines.append(f'stage {stage}: cells {cells[0]}-{cells[-1]}, in x '
+    """K R lines: each stage's chunk of cells and its boundary shapes."""
+    lines, k = [], self.params.num_stages
+    for chunk in range(self._NumChunks()):
+      cells = self._layout.ChunkCells(chunk)
+      (x, prev), (y, y_prev) = self._ChunkIO(chunk)
+      where = (f'stage {chunk}' if self._schedule.repeats == 1 else
+               f'stage {chunk % k} pass {chunk // k}')
+      lines.append(f'{where}: cells {cells[0]}-{cells[-1]}, in x '
                    f'{_Text(x)} prev {_Text(prev)} -> out {_Text(y)} prev '
                    f'{_Text(y_prev)}')
     return lines
 
   def CarrierSize(self):
-    """P: the largest per-example size of (x, x_prev) at a stage boundary."""
-    return max(_Size(a) + _Size(b) for stage in range(self.params.num_stages)
-               for pair in self._StageIO(stage) for a, b in [pair])
+    """P: the largest per-example size of (x, x_prev) at a chunk boundary."""
+    return max(_Size(a) + _Size(b) for chunk in range(self._NumChunks())
+               for pair in self._ChunkIO(chunk) for a, b in [pair])
 
   @property
   def layout(self):
@@ -350,7 +375,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     """x [B, *input_shape] -> the last cell's output [B, ...]."""
     del step  # The cells draw no randomness.
     p = self.params
-    schedule = pipeline_schedule.FillDrain(pipeline_schedule.FillDrain.Params())
+    schedule = self._schedule
     x = tf.convert_to_tensor(x, p.fprop_dtype)
     if tuple(x.shape.as_list()[1:]) != tuple(p.input_shape):
       raise CellPipelineError(f'{p.name}: x must be [B, '
@@ -362,6 +387,10 @@ class CellPipelinedLayer(base_layer.BaseLayer):
       raise CellPipelineError(f'{p.name}: the batch dim of x must be static')
     m = micro_batches.NumMicroBatches(p, int(x.shape[0]), self.DataShards(),
                                       error=CellPipelineError)
+    try:
+      schedule.Check(p.name, len(self._cells), p.num_stages, m)
+    except ValueError as e:
+      raise CellPipelineError(str(e)) from None
     theta = self.ShardTheta(theta.Transform(tf.convert_to_tensor))
     weights = [theta.w] + ([theta.moving] if self._layout.moving_size else [])
     micro = tf.unstack(self._Block(x, m), num=m)  # M x [b, ...]
@@ -378,15 +407,20 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     state = schedule.Shift(self, entering[0], state, 0)
     token, last, traced = tf.zeros([], tf.float32), {}, {}
     needed = tables.Needed()
+    bubble = self._NumChunks()
     for t in range(tables.n):
-      branch = np.where(tables.mb[t] >= 0, np.arange(k), k).astype(np.int32)
+      # Each stage's chunk id (pass r: r K + k), or the bubble.
+      branch = np.where(tables.mb[t] >= 0, tables.chunk[t] * k + np.arange(k),
+                        bubble).astype(np.int32)
       out, token = self._RunStages(weights, state, branch, token, traced)
       if t in needed:
         last[t] = tf.reduce_sum(out * last_mask, 0)
       if t + 1 < tables.n:
-        mb = int(tables.enter_mb[t + 1])
-        state = schedule.Shift(self, entering[mb] if mb >= 0 else zeros,
-                               out, t + 1)
+        mb, src = (int(v[t + 1]) for v in (tables.enter_mb, tables.enter_src))
+        # A micro-batch's next pass enters with its last pass's output.
+        enter = last[src] if src >= 0 else (entering[mb] if mb >= 0 else
+                                            zeros)
+        state = schedule.Shift(self, enter, out, t + 1)
     y_shape = self._cell_shapes[-1][2]
     ys = [tf.reshape(last[t][:, :_Size(y_shape)], [-1, *y_shape])
           for t in tables.outputs.tolist()]
@@ -443,43 +477,47 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     return out
 
   # ---------------------------------------------------------------- stages
-  def _Stage(self, stage, w, moving, carrier):
-    """One stage on its row of the weights: carrier [b, P] -> [b, P]."""
-    (x_shape, prev_shape), _ = self._StageIO(stage)
+  def _Stage(self, chunk, w, moving, carrier):
+    """One chunk of cells on its stage's row of the weights: carrier
+    [b, P] -> [b, P]."""
+    (x_shape, prev_shape), _ = self._ChunkIO(chunk)
     x, prev = self._Unpack(carrier, [x_shape, prev_shape])
-    thetas = self._layout.StageThetas(stage, w, moving)
-    for i, cell_theta in zip(self._layout.Cells(stage), thetas):
+    cells = self._layout.ChunkCells(chunk)
+    thetas = self._layout.StageThetas(chunk % self.params.num_stages, w,
+                                      moving, cells)
+    for i, cell_theta in zip(cells, thetas):
       prev, x = x, self._cells[i].FProp(cell_theta, x, prev)
     return self._Pack([x, prev], carrier.shape[1])
 
-  def _StageVjp(self, stage, ins, dout):
+  def _StageVjp(self, chunk, ins, dout):
     """Per input of _Stage (w, [moving,] carrier): its gradient, the
-    stage recomputed (remat)."""
+    chunk recomputed (remat)."""
     with tf.GradientTape() as tape:
       tape.watch(ins)
-      out = self._Stage(stage, ins[0], ins[1] if len(ins) == 3 else None,
+      out = self._Stage(chunk, ins[0], ins[1] if len(ins) == 3 else None,
                         ins[-1])
     return tape.gradient(out, ins, output_gradients=dout,
                          unconnected_gradients='zero')
 
   def _OverStages(self, fn, ins, maps, branch, like):
-    """fn(stage, its [...] slices of ins) on every stage.
+    """fn(chunk, its stage's [...] slices of ins) on every stage.
 
     ins: [K, ...] tensors laid out by `maps` (split mappings); branch [K]:
-    stage k, or K = the bubble, whose outputs are zeros like ins[like].
-    Returns len(like) [K, ...] tensors (module docstring: a static loop
-    without a mesh, a switch_case per device in a manual region with one).
+    stage k's chunk (r K + k), or K R = the bubble, whose outputs are zeros
+    like ins[like]. Returns len(like) [K, ...] tensors (module docstring: a
+    static loop without a mesh, a switch_case per device in a manual region
+    with one).
     """
     p = self.params
-    k = p.num_stages
+    k, bubble = p.num_stages, self._NumChunks()
     if p.device_mesh is None or p.stage_mesh_axis is None:
       outs = []
       for stage in range(k):  # Static: the stage's own cells or nothing.
         local = [t[stage] for t in ins]
-        if branch[stage] == k:
+        if branch[stage] == bubble:
           outs.append([tf.zeros_like(local[j]) for j in like])
         else:
-          outs.append(fn(stage, local))
+          outs.append(fn(int(branch[stage]), local))
       return [tf.stack(list(ts)) for ts in zip(*outs)]
     mesh, names = p.device_mesh, p.mesh_axis_names
     manual = None if np.asarray(mesh).ndim == 1 else p.stage_mesh_axis
@@ -490,7 +528,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
     outs = []
     for i in range(local[0].shape[0]):  # 1 per device; K unannotated.
       args = [t[i] for t in local]
-      fns = [lambda s=s, a=args: fn(s, a) for s in range(k)]
+      fns = [lambda s=s, a=args: fn(s, a) for s in range(bubble)]
       fns.append(lambda a=args: [tf.zeros_like(a[j]) for j in like])
       outs.append(tf.switch_case(branch_l[i], fns))
     outs = [tf.stack(list(ts)) for ts in zip(*outs)]

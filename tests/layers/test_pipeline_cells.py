@@ -12,6 +12,7 @@ from lingshard.layers import base_layer
 from lingshard.layers import batch_norm
 from lingshard.layers import pipeline_cells
 from lingshard.layers import pipeline_run
+from lingshard.layers import pipeline_schedule
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
 
@@ -73,12 +74,14 @@ class _ToyCell(base_layer.BaseLayer):
     return self.conv.FProp(theta.conv, x)
 
 
-def _ToyParams(mesh, names):
-  # (8,8,4) -> (8,8,8) -> stride 2 (4,4,16) -> (4,4,16), x_prev 2x larger.
+def _ToyParams(mesh, names, num_cells=3, m=2):
+  # (8,8,4) -> (8,8,8) -> stride 2 (4,4,16) -> (4,4,16), x_prev 2x larger
+  # [-> (4,4,16)].
   shapes = [((8, 8, 4), None, 8, 1), ((8, 8, 8), (8, 8, 4), 16, 2),
-            ((4, 4, 16), (8, 8, 8), 16, 1)]
+            ((4, 4, 16), (8, 8, 8), 16, 1),
+            ((4, 4, 16), (4, 4, 16), 16, 1)][:num_cells]
   return pipeline_cells.CellPipelinedLayer.Params().Set(
-      name='body', input_shape=_IMAGE, num_stages=2, num_micro_batches=2,
+      name='body', input_shape=_IMAGE, num_stages=2, num_micro_batches=m,
       cell_tpls=[_ToyCell.Params().Set(input_shape=x, prev_shape=prev,
                                        filters=f, stride=s)
                  for x, prev, f, s in shapes],
@@ -200,6 +203,45 @@ def test_three_stages_of_one_cell_equal_cells_run_per_micro_batch():
   _CheckParity(_Runs(params, (True,)), 3)
 
 
+def _Circular(repeats=2):
+  return pipeline_schedule.Circular.Params().Set(repeats=repeats)
+
+
+def test_circular_schedule_equals_cells_run_per_micro_batch():
+  """Circular(R = 2) on K = 2 stages: chunk j (one cell) on stage j % 2, a
+  micro-batch twice round the ring, the last stage's (y, y_prev) entering
+  stage 0 for its second pass: the reduction cell (chunk 1) and the cells
+  after it change the carrier's contents between passes."""
+  runs = _Runs(_Params(2, schedule=_Circular()), (True,))
+  _CheckParity(runs, 2)
+  layer = runs.layer
+  # Each stage's row holds its own chunks: stage 0 cells 0 and 2.
+  np.testing.assert_array_equal(layer.WeightLayout(), [[0, 2], [1, 3]])
+  assert layer.StageShapes()[2] == (
+      'stage 0 pass 1: cells 2-2, in x [4,4,24] prev [8,8,16] -> out '
+      '[4,4,32] prev [4,4,24]')
+
+
+def test_circular_schedule_errors_are_one_line():
+  with pytest.raises(pipeline_cells.CellPipelineError) as e:
+    _Params(2, schedule=_Circular(3)).Instantiate()
+  assert str(e.value) == (
+      'body: the circular schedule cuts num_layers 4 into num_stages x '
+      'repeats = 2 x 3 = 6 chunks; use at least 6 layers or fewer repeats')
+  with pytest.raises(pipeline_cells.CellPipelineError) as e:
+    _Params(2, schedule=_Circular(), stage_splits=[2, 2]).Instantiate()
+  assert str(e.value) == ('body: stage_splits [2, 2] must be 4 counts >= 1 '
+                          'summing to the 4 cells')
+  layer = _Params(2, schedule=_Circular()).Set(
+      num_micro_batches=1).Instantiate()
+  with pytest.raises(pipeline_cells.CellPipelineError) as e:
+    layer.FProp(layer.theta, tf.zeros([_B, *_IMAGE]))
+  assert str(e.value) == (
+      'body: the circular schedule needs at least num_stages 2 '
+      'micro-batches (a micro-batch re-enters stage 0 after leaving the '
+      'last), got 1')
+
+
 def test_stage_shapes_are_derived_and_printed():
   layer = _Params(2, stage_splits=[1, 3]).Instantiate()
   assert layer.StageShapes() == [
@@ -300,17 +342,27 @@ def test_one_line_errors():
       'body/cell_000: x must be [B, 8, 8, 4], got [1, 8, 8, 6]')
 
 
-@pytest.mark.parametrize('mesh_shape,names', [((2,), ('stage',)),
-                                              ((2, 2), ('data', 'stage'))])
+@pytest.mark.parametrize('mesh_shape,names,circular', [
+    ((2,), ('stage',), False), ((2, 2), ('data', 'stage'), False),
+    ((2,), ('stage',), True)])
 def test_spmd_partition_equals_one_device_and_shifts_by_permutes(
-    mesh_shape, names):
+    mesh_shape, names, circular):
   """A train step on K = 2 stages (2x2: batch over data too): the stage
   computation in a manual region over the stage axis, each device running
   its own stage's cells (switch_case); partitioned == unpartitioned (loss
   rtol 1e-5, gradients normwise 1e-5), the carrier moves by
   collective-permutes and the stacked weights are never gathered."""
   mesh = np.arange(int(np.prod(mesh_shape))).reshape(mesh_shape)
-  layer = _ToyParams(mesh, names).Instantiate()
+  # Circular: 4 cells, chunk j on stage j % 2, each device running only
+  # its own chunks' branches; 2 micro-batches = K.
+  toy = dict(num_cells=4, schedule=_Circular()) if circular else {}
+  schedule = toy.pop('schedule', None)
+
+  def Toy(m, n):
+    p = _ToyParams(m, n, **toy)
+    return p.Set(schedule=schedule) if schedule else p
+
+  layer = Toy(mesh, names).Instantiate()
   x, _ = _Inputs()
   cot = np.random.RandomState(3).normal(size=[_B, 4, 4, 16])
   inputs = NestedMap(theta=layer.theta.Transform(lambda v: v.numpy()),
@@ -335,7 +387,7 @@ def test_spmd_partition_equals_one_device_and_shifts_by_permutes(
                                   'only:collective-permute,all-reduce',
                                   'no-all-gather:theta'])
   assert r.ok, r.Report()  # The expectations (matches: None).
-  plain = _ToyParams(None, None).Instantiate()
+  plain = Toy(None, None).Instantiate()
   theta = inputs.theta.Transform(tf.constant)
   rows = pipeline_run.MicroBatchRows(_B, 2, layer.DataShards()).reshape(-1)
   loss, grads, _ = _LossAndGrads(plain, theta, tf.gather(x, rows),
