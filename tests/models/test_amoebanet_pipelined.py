@@ -5,8 +5,10 @@ norm); eval after a train step reads the stacked moving averages; the
 stage shapes in print_params; the ImageNet pipelined configs' counts."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
+from lingshard import config_check
 from lingshard import model_registry
 from lingshard import trainer
 from lingshard.layers import batch_norm
@@ -154,3 +156,22 @@ def test_amoebanet_b_pipelined_counts_each_cell_once():
   assert [line.split(',')[0] for line in counts.stage_shapes] == [
       'model/body: stage 0: cells 0-6', 'model/body: stage 1: cells 7-11',
       'model/body: stage 2: cells 12-16', 'model/body: stage 3: cells 17-21']
+
+
+@pytest.mark.parametrize('override,message', [
+    ('input.batch_size=62', 'input.batch_size=62: model/body: '
+     'num_micro_batches 4 does not divide the batch 62; use a divisor of 62'),
+    ('task.pipeline_tpl.stage_splits=[1,2,1]', 'body: stage_splits [1, 2, '
+     '1] must be 2 counts >= 1 summing to the 4 cells'),
+    ('task.pipeline_tpl.num_stages=5', 'body: num_stages 5 exceeds the 4 '
+     'cells; use at most 4 stages'),
+])
+def test_bad_pipelines_are_one_line_errors_before_anything_runs(
+    tmp_path, override, message):
+  with pytest.raises(config_check.ConfigCheckError) as e:
+    trainer.Execute(trainer_testlib.ParseFlags(
+        '--model=gpipe.MnistAmoebaNetPipelined', '--mode=train',
+        f'--logdir={tmp_path}', f'--params_override={override}'),
+                    printer=lambda line: None)
+  assert str(e.value) == message
+  assert not list(tmp_path.iterdir())  # Nothing written.
