@@ -137,10 +137,10 @@ def test_print_params_lists_the_derived_stage_shapes():
                   printer=lines.append)
   assert lines[-1].splitlines() == [
       '# pipeline stages (derived):',
-      'model/body: stage 0: cells 0-1, in x [28,28,8] prev - -> out '
-      '[14,14,32] prev [14,14,12]',
-      'model/body: stage 1: cells 2-3, in x [14,14,32] prev [14,14,12] -> '
-      'out [7,7,64] prev [7,7,48]']
+      'model/body: stage 0: cells 0-1, in x [28,28,16] prev - -> out '
+      '[14,14,64] prev [14,14,24]',
+      'model/body: stage 1: cells 2-3, in x [14,14,64] prev [14,14,24] -> '
+      'out [7,7,128] prev [7,7,96]']
 
 
 def test_amoebanet_b_pipelined_counts_each_cell_once():
