@@ -23,7 +23,8 @@ model_registry.ImportAllParams()
 
 _B, _M = 8, 4
 # 8 x 8 digits: the stem cell halves to 4 x 4, the reduction cell to 2 x 2.
-_SMALL = dict(image_shape=(8, 8, 1), num_classes=6, bn_decay=0.7)
+_SMALL = dict(image_shape=(8, 8, 1), num_classes=6, bn_decay=0.7, filters=8,
+              stem_filters=8)
 
 
 def _Params(key, **kw):
