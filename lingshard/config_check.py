@@ -46,6 +46,7 @@ from lingshard import sharding
 from lingshard.layers import base_layer
 from lingshard.layers import micro_batches
 from lingshard.layers import pipeline
+from lingshard.layers import pipeline_cells
 
 
 class ConfigCheckError(ValueError):
@@ -143,12 +144,14 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
   except ValueError as e:  # A layer's own check of its params (one line).
     raise ConfigCheckError(str(e).splitlines()[0]) from None
   layers = list(task.AllLayers())
-  pipes = [x for x in layers if isinstance(x, pipeline.PipelinedLayer)]
+  pipes = [x for x in layers if isinstance(
+      x, (pipeline.PipelinedLayer, pipeline_cells.CellPipelinedLayer))]
   # Every layer and the data shards of its micro-batch (pipeline bodies:
   # the pipeline's; else 1), for the layers' own fit checks.
   sharded = [(x, 1) for x in layers]
   for pipe in pipes:
-    sharded += [(x, pipe.DataShards()) for x in pipe.body.AllLayers()]
+    if isinstance(pipe, pipeline.PipelinedLayer):
+      sharded += [(x, pipe.DataShards()) for x in pipe.body.AllLayers()]
   for layer, _ in sharded:
     _Fits(layer.CheckMeshFit,
           lambda axis, x=layer: _AxisSize(x, axis))
@@ -193,6 +196,15 @@ def Validate(model_params, num_replicas=1, num_input_pipelines=1, spmd=True):
       else:
         _Fits(layer.CheckTokensFit, tokens, where)
   return task
+
+
+def StageShapeLines(task):
+  """Each shape-changing pipeline's stages and boundary shapes
+  (pipeline_cells.CellPipelinedLayer.StageShapes), '<path>: stage k: ...'
+  lines (print_params, count_params); [] without one."""
+  return [f'{layer.path}: {line}' for layer in task.AllLayers()
+          if isinstance(layer, pipeline_cells.CellPipelinedLayer)
+          for line in layer.StageShapes()]
 
 
 # ------------------------------------------- values (no mesh, no replicas)

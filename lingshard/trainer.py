@@ -527,6 +527,9 @@ def Execute(cfg, printer=Printer):
     task = config_check.Validate(params)
   if cfg.mode == 'print_params':
     printer(params.ToText(docs=True).rstrip('\n'))
+    stages = config_check.StageShapeLines(task)
+    if stages:  # Derived at build time: not params.
+      printer('\n'.join(['# pipeline stages (derived):'] + stages))
     return params
   if diff:
     printer('Params changed from the registry defaults:\n' + diff.rstrip('\n'))

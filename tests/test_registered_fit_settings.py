@@ -65,11 +65,20 @@ EXPECTED = {
     # GPipe's image half on CPU (MNIST digits): K = 2, M = 4, remat.
     'gpipe.MnistResNet': dict(batch=64),
     'gpipe.MnistResNetPipelined': dict(pipeline=(2, 4, True), batch=64),
-    # AmoebaNet (unpipelined until the shape-changing pipeline): Table 1's
-    # batch 128 on a data-parallel mesh; the MNIST one at MnistResNet's 64.
+    # AmoebaNet: Table 1's batch 128 on a data-parallel mesh, or pipelined
+    # (the cell pipeline) on data x stage: B(18, 512) on §4.1's 4
+    # partitions, D(18, 256) K = 4 x 2 replicas, M = 8; the MNIST ones at
+    # MnistResNet's 64, pipelined as MnistResNetPipelined.
     'gpipe.AmoebaNetB_18_512': dict(mesh=(4,), axes=('data',), batch=128),
     'gpipe.AmoebaNetD_18_256': dict(mesh=(8,), axes=('data',), batch=128),
+    'gpipe.AmoebaNetB_18_512Pipelined': dict(
+        mesh=(1, 4), axes=('data', 'stage'), pipeline=(4, 8, True),
+        batch=128),
+    'gpipe.AmoebaNetD_18_256Pipelined': dict(
+        mesh=(2, 4), axes=('data', 'stage'), pipeline=(4, 8, True),
+        batch=128),
     'gpipe.MnistAmoebaNet': dict(batch=64),
+    'gpipe.MnistAmoebaNetPipelined': dict(pipeline=(2, 4, True), batch=64),
     'gpipe.TransformerL3': GPIPE_L,
     'gpipe.TransformerL13': dict(GPIPE_L, pipeline=(1, 32, True)),
     'gpipe.TransformerL103': dict(GPIPE_L, mesh=(8,), pipeline=(8, 32, True)),
@@ -134,7 +143,7 @@ def _FitSettings(p):
           pipe.num_stages, pipe.num_micro_batches, pipe.remat),
       # A circular schedule's repeats (the bubble; chunks per stage).
       repeats=(pipe.schedule.repeats if pipe is not None and
-               'repeats' in pipe.schedule else None),
+               'schedule' in pipe and 'repeats' in pipe.schedule else None),
       moe=None if moe is None else (
           moe.dispatch_impl, moe.num_groups,
           moe.group_size if 'group_size' in moe else None,

@@ -16,20 +16,36 @@ L = 3 N and D = F (GPipe's AmoebaNet-B(18, 512) is Real et al.'s N = 6,
 F = 512). Shapes are derived at build time (`CellShapes`): an image whose
 H or W is odd at a reduction cell is a one-line error naming the cell.
 
-Unpipelined (the body is a plain list of cells); the reference model's
-drop-path, dense dropout and auxiliary head are not built.
+The body is a plain list of cells, or with `pipeline_tpl` GPipe's
+pipeline of them (layers/pipeline_cells.CellPipelinedLayer: K stages of
+consecutive cells, M micro-batches, remat; stages balanced by the cells'
+conv FLOPs unless `stage_splits`); the stem conv + BN and the head run
+outside it on the whole batch. Batch norm inside the pipeline uses each
+micro-batch's statistics, its moving averages the whole mini-batch's
+(GPipe §2.2). The reference model's drop-path, dense dropout and auxiliary
+head are not built.
 
 Batches: `image` [B, H, W, Cin] float32, `label` [B] int32. Loss and metrics
 are models/image_model.ImageClassifier's (`loss` label-smoothed
 cross-entropy, `log_pplx`, `accuracy` top-1, `acc5` top-5).
 
-Sharding: data parallelism, the batch dim of every activation over the
-logical 'batch' axis (mesh axis 0 by default), every weight replicated
-(layers/amoebanet.py).
+Sharding (a task `device_mesh`): data parallelism, the batch dim of every
+activation over the logical 'batch' axis (the task's `batch_axes`, mesh
+axis 0 by default), every weight outside the pipeline replicated
+(layers/amoebanet.py). A pipelined body's stacked rows [K, ...] are split
+over the stage axis (`pipeline_tpl.stage_mesh_axis`, None = the mesh's
+last axis; a 1-D mesh [K] is read as [1, K], base_model.StageMesh), its
+micro-batches over `batch_mesh_axis` (None = batch_axes); activations pass
+between stages as collective-permutes. Each stage runs its own cells'
+plain tf.nn.conv2d on its own row (no stacked filters to vectorise over).
+Batch norm normalises by the statistics of the whole (micro-)batch it
+sees, all-reduced over the data axis when the batch is split (image_model's
+'cross_replica'), so the partitioned step computes the one-device math.
 """
 
 import math
 
+import numpy as np
 import tensorflow as tf
 
 from lingshard.layers import amoebanet
@@ -92,10 +108,14 @@ class AmoebaNetClassifier(base_model.BaseTask):
     p.Define('stem_stride', 2, 'Stride of the stem conv.')
     p.Define('bn_decay', 0.99, 'Every BatchNormLayer.decay.')
     p.Define('label_smoothing', 0.0, 'eps of the training loss.')
+    p.Define('pipeline_tpl', None, 'None: the cells are a plain list; else '
+             'pipeline_cells.CellPipelinedLayer params (num_stages, '
+             'num_micro_batches, remat, stage_splits; cell_tpls and '
+             'input_shape are set here).')
     return p
 
   def __init__(self, params):
-    super().__init__(params)
+    super().__init__(base_model.StageMesh(params))
     p = self.params
     self.CheckPositive('num_classes', 'num_normal_cells', 'filters',
                        'stem_filters', 'stem_stride')
@@ -128,19 +148,32 @@ class AmoebaNetClassifier(base_model.BaseTask):
       cells.append(amoebanet.AmoebaCell.Params().Set(
           genotype=p.genotype, reduction=reduction, filters=filters,
           input_shape=x, prev_shape=prev, bn_decay=p.bn_decay))
-    self.CreateChildren('cells', cells)
+    if p.pipeline_tpl is None:
+      self.CreateChildren('cells', cells)
+    else:
+      pp = p.pipeline_tpl.Copy().Set(cell_tpls=cells,
+                                     input_shape=StemShape(p))
+      if p.device_mesh is not None:
+        if pp.stage_mesh_axis is None:
+          pp.stage_mesh_axis = int(np.ndim(p.device_mesh)) - 1
+        if pp.batch_mesh_axis is None:
+          pp.batch_mesh_axis = p.batch_axes
+      self.CreateChild('body', pp)
     self.CreateChild('gap', pooling.GlobalAvgPoolLayer.Params())
     self.CreateChild('logits', linear.LinearLayer.Params().Set(
         input_dim=CellShapes(p)[-1][2][2], output_dim=p.num_classes))
 
   def ComputePredictions(self, theta, input_batch, step=None, **kwargs):
     """NestedMap(logits [B, classes] float32)."""
-    del step, kwargs  # No randomness, no routing.
+    del kwargs  # No routing: examples need no global offsets.
     x = self.stem.FProp(theta.stem, input_batch.image)
     x = self.stem_bn.FProp(theta.stem_bn, x)
-    prev = None
-    for cell, cell_theta in zip(self.cells, theta.cells):
-      prev, x = x, cell.FProp(cell_theta, x, prev)
+    if self.params.pipeline_tpl is not None:
+      x = self.body.FProp(theta.body, x, step=step)
+    else:
+      prev = None
+      for cell, cell_theta in zip(self.cells, theta.cells):
+        prev, x = x, cell.FProp(cell_theta, x, prev)
     logits = self.logits.FProp(theta.logits,
                                self.gap.FProp(None, kinks.Relu(x)))
     return NestedMap(logits=tf.cast(logits, tf.float32))

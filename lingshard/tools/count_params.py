@@ -31,7 +31,12 @@ K stages of S slots) counts as its L layers: parameters and FLOPs are each
 layer's own (the body's times L, or for a list of layers of different
 shapes each one's unpadded weights; padded slots are not parameters);
 bytes per device count the stacked [K, S, ...] weights (padded slots
-included: they are allocated) split over the stage mesh axis.
+included: they are allocated) split over the stage mesh axis. A pipeline
+of cells of different shapes (`pipeline_cells.CellPipelinedLayer`, flat
+rows [K, Wmax] per stage) counts each cell's own weights
+(`CellParamCounts`, and its batch norms' moving averages as an unpipelined
+cell's `moving` counts), not the padding up to the largest stage; its
+stages' boundary shapes (`StageShapes`) are listed.
 """
 
 from lingshard import startup
@@ -56,6 +61,7 @@ from lingshard.layers import ffn
 from lingshard.layers import layer_norm
 from lingshard.layers import lstm
 from lingshard.layers import pipeline
+from lingshard.layers import pipeline_cells
 from lingshard.layers import softmax
 from lingshard.optim import adafactor
 from lingshard.layers.moe import base as moe_base
@@ -91,6 +97,7 @@ class Counts:
   adafactor_bytes_per_device: int
   flops_per_token: int
   num_weights: int
+  stage_shapes: list = dataclasses.field(default_factory=list)
 
 
 def _Kind(layer, parent_kind):
@@ -191,6 +198,8 @@ def CountTask(task):
     layers, mapping = 1, wp.tensor_split_dims_mapping
     mesh, names = wp.device_mesh, layer.params.mesh_axis_names
     active = _ActiveParams(layer, kind, name, shape, n, share)
+    if isinstance(layer, pipeline_cells.CellPipelinedLayer):
+      n, active = _CellPipelineOwn(layer, name)
     if stacked is not None:
       own = [int(np.prod(s, dtype=np.int64))
              for s in stacked.LayerShapes(_BodyKey(stacked, layer, name))]
@@ -214,7 +223,23 @@ def CountTask(task):
                 num_devices=1 if mesh is None else int(np.size(mesh)),
                 weight_bytes_per_device=acc['weight_bytes'],
                 adafactor_bytes_per_device=acc['slot_bytes'],
-                flops_per_token=2 * acc['active'], num_weights=acc['num'])
+                flops_per_token=2 * acc['active'], num_weights=acc['num'],
+                stage_shapes=config_check.StageShapeLines(task))
+
+
+def _CellPipelineOwn(pipe, name):
+  """(parameters, weights one example multiplies by) of a cell pipeline's
+  stacked `name`: the cells' own, without the stage rows' padding."""
+  trainable = pipe.CellParamCounts()
+  if name == 'w':
+    active = sum(int(np.prod(wp.shape, dtype=np.int64))
+                 for cell in pipe.cells
+                 for wp in cell.DeclaredWeights().Flatten()
+                 if wp.trainable and len(wp.shape) >= 2)
+    return sum(trainable), active
+  total = sum(int(np.prod(wp.shape, dtype=np.int64)) for cell in pipe.cells
+              for wp in cell.DeclaredWeights().Flatten())
+  return total - sum(trainable), 0  # The moving averages.
 
 
 def _ActiveParams(layer, kind, name, shape, n, share_tgt_softmax):
@@ -266,6 +291,7 @@ def FormatCounts(model_key, c):
                f'{_HumanBytes(c.adafactor_bytes_per_device)}')
   lines.append(f'  forward matmul FLOPs per (source + target) token: '
                f'{_Human(c.flops_per_token)}')
+  lines += [f'  {line}' for line in c.stage_shapes]
   return '\n'.join(lines)
 
 

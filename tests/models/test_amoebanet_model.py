@@ -111,7 +111,7 @@ def test_imagenet_configs_say_the_data_is_absent_in_one_line():
     # 28 -> stem cell 14 -> reduction 7 -> the second reduction at 7 x 7.
     (dict(num_normal_cells=3, num_reduction_cells=2),
      'cells_004: a reduction cell needs even H and W, got input_shape '
-     '[7, 7, 64]'),
+     '[7, 7, 128]'),
     (dict(filters=6), 'model: filters must be a multiple of '
      '2^(num_stem_cells + 1) = 4 (even stem cell filters), got 6'),
     (dict(num_reduction_cells=2), 'model: num_reduction_cells must be < '

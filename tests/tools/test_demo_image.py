@@ -16,7 +16,8 @@ from tests.trainer import trainer_testlib
 
 
 def test_image_models_read_their_prepared_digits():
-  for model in ('gpipe.MnistResNet', 'gpipe.MnistResNetPipelined'):
+  for model in ('gpipe.MnistResNet', 'gpipe.MnistResNetPipelined',
+                'gpipe.MnistAmoebaNetPipelined'):
     assert demo_image.IsImage(model)
     assert demo_image.DataDir(model) == image_prepare.DEFAULT_OUT
   assert not demo_image.IsImage('toy.FFRegression')
