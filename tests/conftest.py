@@ -110,6 +110,7 @@ _LONG_FILES = (
     'tests/spmd/test_check_model_input.py',
     'tests/trainer/test_sharded_inference.py',
     'tests/layers/test_pipeline_cells.py',
+    'tests/models/test_amoebanet_pipelined.py',
 )
 
 
