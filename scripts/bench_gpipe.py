@@ -357,6 +357,10 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
+  if FLAGS.body == 'amoebanet':
+    error = bench_gpipe_image.FlagError(MAX_DEVICES)
+    if error:  # One line, no traceback.
+      raise SystemExit(f'bench_gpipe.py: error: {error}')
   xla_runtime.ConfigureCpuDevices(MAX_DEVICES)
   if FLAGS.body == 'amoebanet':
     start = time.time()

@@ -286,6 +286,43 @@ def Table2Rows(body, layers, filters, stages, micro_batches, reps,
   return rows
 
 
+def FlagError(max_devices):
+  """One line on what is wrong with the --amoeba_* flags, or None."""
+  try:
+    ks = [int(k) for k in FLAGS.amoeba_stages + FLAGS.amoeba_t2_stages]
+    ms = [int(m) for m in FLAGS.amoeba_t2_micro_batches]
+  except ValueError as e:
+    return f'--amoeba_stages / --amoeba_t2_*: {e}'
+  ms.append(FLAGS.amoeba_micro_batches)
+  r = FLAGS.amoeba_reductions
+  cells = min(FLAGS.amoeba_layers, FLAGS.amoeba_t2_layers) + r
+  positive = ('amoeba_budget_mib', 'amoeba_image', 'amoeba_stem_filters',
+              'amoeba_batch', 'amoeba_layers', 'amoeba_t2_layers',
+              'amoeba_t2_filters', 'amoeba_filter_step')
+  bad = [f'--{name}' for name in positive if getattr(FLAGS, name) < 1]
+  if bad:
+    return f'{", ".join(bad)} must be >= 1'
+  unknown = set(FLAGS.amoeba_parts) - {'table1', 'table2'}
+  if unknown:
+    return f'--amoeba_parts: unknown {sorted(unknown)}; use table1, table2'
+  if not 0 <= r < min(FLAGS.amoeba_layers, FLAGS.amoeba_t2_layers):
+    return (f'--amoeba_reductions {r} must be >= 0 and < --amoeba_layers and '
+            '--amoeba_t2_layers')
+  if FLAGS.amoeba_image % 2**r:
+    return (f'--amoeba_image {FLAGS.amoeba_image} must be a multiple of '
+            f'2^{r} (each reduction cell halves it)')
+  if any(k < 1 or k > min(max_devices, cells) for k in ks):
+    return (f'--amoeba_stages / --amoeba_t2_stages {sorted(set(ks))}: K must '
+            f'be in 1..{min(max_devices, cells)} (devices, cells)')
+  if any(m < 1 or FLAGS.amoeba_batch % m for m in ms):
+    return (f'micro-batches {sorted(set(ms))} must be >= 1 and divide '
+            f'--amoeba_batch {FLAGS.amoeba_batch}')
+  if r and (FLAGS.amoeba_filter_step % 2 or FLAGS.amoeba_t2_filters % 2):
+    return ('--amoeba_filter_step and --amoeba_t2_filters must be even '
+            '(factorized reductions)')
+  return None
+
+
 def Run(fmt_table, write_csv, out_dir):
   """bench_gpipe.py --body=amoebanet: the tables FLAGS select."""
   import os  # pylint: disable=g-import-not-at-top
