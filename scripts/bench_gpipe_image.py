@@ -240,14 +240,16 @@ def Table1Rows(body, layers, settings, budget, step, log=print):
             body, layers, d, k, m, remat, naive),
         budget, step, start, log)
     if i == 0:
-      rows.append(dict(row=name, stages=k, micro_batches=m, remat=remat,
+      rows.append(dict(row=name, stages=k, micro_batches=m,
+                       remat='yes' if remat else 'no',
                        layers=layers, filters=0, params=0, device_mib=0.0,
                        next_filters=step, next_device_mib=seen[1][0] / MIB,
                        probes=len(seen)))
       continue
     nxt = seen[i + 1]
     rows.append(dict(
-        row=name, stages=k, micro_batches=m, remat=remat, layers=layers,
+        row=name, stages=k, micro_batches=m,
+        remat='yes' if remat else 'no', layers=layers,
         filters=i * step, params=seen[i][1], device_mib=seen[i][0] / MIB,
         next_filters=(i + 1) * step, next_device_mib=nxt[0] / MIB,
         probes=len(seen)))
