@@ -4,6 +4,11 @@ pipeline efficiency of a pipelined Transformer stack on virtual CPU devices.
   .venv/bin/python scripts/bench_gpipe.py --out_dir=/tmp/bench_gpipe
   .venv/bin/python scripts/bench_gpipe.py --quick   # a small subset
   .venv/bin/python scripts/bench_gpipe.py --body=moe  # GShard in GPipe
+  .venv/bin/python scripts/bench_gpipe.py --body=amoebanet  # Tables 1, 2
+
+`--body=amoebanet`: GPipe Tables 1 and 2 for AmoebaNet-D cells
+(scripts/bench_gpipe_image.py's docstring); the rest of this docstring is
+about the Transformer bodies.
 
 The body is one Transformer encoder layer (transformer.TransformerLayer,
 model dim --model_dim, FFN --hidden_dim, sequences of --seq_len), stacked
@@ -62,6 +67,7 @@ import time
 
 from absl import app
 from absl import flags
+import bench_gpipe_image  # Its flags; --body=amoebanet runs it.
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool('quick', False, 'A small subset: L in {4, 16}, M in {1, '
@@ -104,8 +110,10 @@ flags.DEFINE_integer('model_dim', 64, 'Model dim.')
 flags.DEFINE_integer('hidden_dim', 256, 'FFN hidden dim.')
 flags.DEFINE_integer('num_heads', 4, 'Attention heads.')
 flags.DEFINE_integer('run_reps', 5, 'Timed runs per program (median).')
-flags.DEFINE_enum('body', 'dense', ['dense', 'moe'], 'dense: one Transformer '
-                  'layer per body; moe: a dense + an MoE layer per body.')
+flags.DEFINE_enum('body', 'dense', ['dense', 'moe', 'amoebanet'],
+                  'dense: one Transformer layer per body; moe: a dense + an '
+                  'MoE layer per body; amoebanet: GPipe Tables 1 and 2 of '
+                  'AmoebaNet-D cells (bench_gpipe_image.py).')
 flags.DEFINE_integer('num_experts', 4, 'Experts of the MoE layers (moe).')
 flags.DEFINE_integer('group_size', 32, 'Tokens per MoE group (moe).')
 flags.DEFINE_string('out_dir', '/tmp/bench_gpipe',
@@ -355,7 +363,16 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
+  if FLAGS.body == 'amoebanet':
+    error = bench_gpipe_image.FlagError(MAX_DEVICES)
+    if error:  # One line, no traceback.
+      raise SystemExit(f'bench_gpipe.py: error: {error}')
   xla_runtime.ConfigureCpuDevices(MAX_DEVICES)
+  if FLAGS.body == 'amoebanet':
+    start = time.time()
+    bench_gpipe_image.Run(_PrintTable, _WriteCsv, FLAGS.out_dir)
+    print(f'\n{time.time() - start:.0f}s in all')
+    return
   if FLAGS.quick:
     mem_layers, mem_mb, stages, mbs = [4, 16], [1, 8], [2, 4], [1, 8]
   else:

@@ -95,6 +95,7 @@ _LONG_FILES = (
     'tests/test_readme_gpipe.py',
     'tests/test_readme_gpipe_circular.py',
     'tests/test_readme_gpipe_image.py',
+    'tests/scripts/test_bench_gpipe_image.py',
     'tests/models/test_mt_pipeline.py',
     'tests/layers/test_remat.py',
     'tests/tools/test_demo_run.py',
