@@ -429,17 +429,14 @@ class CellPipelinedLayer(base_layer.BaseLayer):
   # --------------------------------------------------------- micro-batches
   def _Block(self, t, m):
     """[B, ...] -> [M, b, ...] (pipeline_run: blocked per data shard)."""
-    d, rest = self.DataShards(), t.shape.as_list()[1:]
-    t = self._AnnotateLeading(tf.reshape(t, [d, m, -1] + rest),
-                              [self.params.batch_mesh_axis])
-    return tf.reshape(pipeline_run.SwapFirstTwo(t), [m, -1] + rest)
+    return pipeline_run.Block(t, m, self.DataShards(), self._ShardData)
 
   def _Unblock(self, t_mb, m):
-    d, rest = self.DataShards(), t_mb.shape.as_list()[2:]
-    t = tf.reshape(t_mb, [m, d, -1] + rest)
-    t = self._AnnotateLeading(pipeline_run.SwapFirstTwo(t),
-                              [self.params.batch_mesh_axis])
-    return tf.reshape(t, [-1] + rest)
+    return pipeline_run.Unblock(t_mb, m, self.DataShards(), self._ShardData)
+
+  def _ShardData(self, t):
+    """[D, ...]: D over the batch axis."""
+    return self._AnnotateLeading(t, [self.params.batch_mesh_axis])
 
   def _AnnotateLeading(self, t, leading):
     p = self.params

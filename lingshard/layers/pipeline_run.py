@@ -28,6 +28,21 @@ def SwapFirstTwo(t):
   return tf.transpose(t, [1, 0] + list(range(2, t.shape.rank)))
 
 
+def Block(t, m, d, shard):
+  """[B, ...] -> [M, b, ...]: [D, M, b/D, ...] transposed (no data moves
+  with B split over the data axis; `shard` annotates that [D, ...])."""
+  rest = t.shape.as_list()[1:]
+  t = shard(tf.reshape(t, [d, m, -1] + rest))
+  return tf.reshape(SwapFirstTwo(t), [m, -1] + rest)
+
+
+def Unblock(t_mb, m, d, shard):
+  """[M, b, ...] -> [B, ...], the inverse of Block."""
+  rest = t_mb.shape.as_list()[2:]
+  t = shard(SwapFirstTwo(tf.reshape(t_mb, [m, d, -1] + rest)))
+  return tf.reshape(t, [-1] + rest)
+
+
 class PipelineRun:
   """One FProp's inputs to the schedule's steps: theta, the M
   micro-batches of every per-example stream and their mini-batch rows, the
@@ -55,7 +70,8 @@ class PipelineRun:
     self.rows = MicroBatchRows(batch, m, self._d)  # [M, b]
     # Unstack, not slices: the gradient of a slice inside vectorized_map
     # needs XLA compile-time constants (pipeline.RunStages).
-    self.micro = [tf.unstack(self._Block(t, m), num=m) for t in streams]
+    self.micro = [tf.unstack(Block(t, m, self._d, layer.ShardBatch), num=m)
+                  for t in streams]
     # A bubble stage's micro-batch: zeros, paddings (stream 1) ones.
     self.bubble = [tf.zeros_like(t[0]) for t in self.micro]
     self.bubble[1] = tf.ones_like(self.bubble[1])
@@ -75,19 +91,9 @@ class PipelineRun:
     return [tf.broadcast_to(b[tf.newaxis], [k] + b.shape.as_list())
             for b in self.bubble]
 
-  def _Block(self, t, m):
-    """[B, ...] -> [M, b, ...]: [D, M, b/D, ...] transposed (no data moves
-    with B split over the data axis)."""
-    d, rest = self._d, t.shape.as_list()[1:]
-    t = self._layer.ShardBatch(tf.reshape(t, [d, m, -1] + rest))
-    return tf.reshape(SwapFirstTwo(t), [m, -1] + rest)
-
   def Unblock(self, t_mb):
-    """[M, b, ...] -> [B, ...], the inverse of _Block."""
-    d, rest = self._d, t_mb.shape.as_list()[2:]
-    t = tf.reshape(t_mb, [self.m, d, -1] + rest)
-    t = self._layer.ShardBatch(SwapFirstTwo(t))
-    return tf.reshape(t, [-1] + rest)
+    """[M, b, ...] -> [B, ...], the inverse of the micro-batches' Block."""
+    return Unblock(t_mb, self.m, self._d, self._layer.ShardBatch)
 
   def OverStages(self, name, fn, elems, k, stage_mesh_axis):
     """fn on every stage: vectorised over K (K = 1: one direct call).

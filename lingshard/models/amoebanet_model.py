@@ -45,7 +45,6 @@ sees, all-reduced over the data axis when the batch is split (image_model's
 
 import math
 
-import numpy as np
 import tensorflow as tf
 
 from lingshard.layers import amoebanet
@@ -153,12 +152,7 @@ class AmoebaNetClassifier(base_model.BaseTask):
     else:
       pp = p.pipeline_tpl.Copy().Set(cell_tpls=cells,
                                      input_shape=StemShape(p))
-      if p.device_mesh is not None:
-        if pp.stage_mesh_axis is None:
-          pp.stage_mesh_axis = int(np.ndim(p.device_mesh)) - 1
-        if pp.batch_mesh_axis is None:
-          pp.batch_mesh_axis = p.batch_axes
-      self.CreateChild('body', pp)
+      self.CreateChild('body', base_model.PipelineAxes(pp, p, p.batch_axes))
     self.CreateChild('gap', pooling.GlobalAvgPoolLayer.Params())
     self.CreateChild('logits', linear.LinearLayer.Params().Set(
         input_dim=CellShapes(p)[-1][2][2], output_dim=p.num_classes))

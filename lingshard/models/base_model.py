@@ -194,6 +194,18 @@ class SingleTaskModel:
     return p.Instantiate()
 
 
+def PipelineAxes(pp, params, batch_axis):
+  """Pipeline params `pp` of a task on `params.device_mesh`, their unset
+  mesh axes filled: the stage axis the mesh's last, the micro-batches'
+  data axis `batch_axis`."""
+  if params.device_mesh is not None:
+    if pp.stage_mesh_axis is None:
+      pp.stage_mesh_axis = int(np.ndim(params.device_mesh)) - 1
+    if pp.batch_mesh_axis is None:
+      pp.batch_mesh_axis = batch_axis
+  return pp
+
+
 def StageMesh(params):
   """A pipelined task's 1-D mesh [K] as [1, K] (a data axis of 1): the
   translation and image tasks build their layers from it.

@@ -42,7 +42,6 @@ Metrics: `loss` (label-smoothed cross-entropy), `log_pplx` (the plain
 cross-entropy), `accuracy` (top-1) and `acc5` (top-5), weighted by examples.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from lingshard import sharding
@@ -118,11 +117,8 @@ class ImageClassifier(base_model.BaseTask):
         # tf.nn.conv2d does not vectorise over the stacked stage filters
         # (layers/conv.py impl); on a mesh that would gather them.
         block.conv_impl = 'patches'
-        if pp.stage_mesh_axis is None:
-          pp.stage_mesh_axis = int(np.ndim(p.device_mesh)) - 1
-        if pp.batch_mesh_axis is None:
-          pp.batch_mesh_axis = p.batch_axes
-      self.CreateChild('body', pp.Set(body_tpl=block))
+      self.CreateChild('body', base_model.PipelineAxes(
+          pp.Set(body_tpl=block), p, p.batch_axes))
     self.CreateChild('gap', pooling.GlobalAvgPoolLayer.Params())
     self.CreateChild('logits', linear.LinearLayer.Params().Set(
         input_dim=p.channels, output_dim=p.num_classes))

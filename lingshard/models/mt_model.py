@@ -39,7 +39,6 @@ trainer's decode and export modes use `CreateDecoder` (mt_decoder.py) and
 `CreateExportModule` (mt_export.py).
 """
 
-import numpy as np
 import tensorflow as tf
 
 from lingshard import hyperparams
@@ -149,13 +148,7 @@ class TransformerMTModel(base_model.BaseTask):
     p = self.params
     if p.pipeline_tpl is None:
       return None
-    pp = p.pipeline_tpl.Copy()
-    if p.device_mesh is not None:
-      if pp.stage_mesh_axis is None:
-        pp.stage_mesh_axis = int(np.ndim(p.device_mesh)) - 1
-      if pp.batch_mesh_axis is None:
-        pp.batch_mesh_axis = 0
-    return pp
+    return base_model.PipelineAxes(p.pipeline_tpl.Copy(), p, 0)
 
   @classmethod
   def ForPlatform(cls, p, platform):
