@@ -163,7 +163,6 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
   import tensorflow as tf
   from lingshard.nested_map import NestedMap
   from lingshard.spmd import check
-  from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
   layer = _LayerParams(num_layers, num_stages, num_micro_batches,
                        remat, loop, repeats, dims).Instantiate()
@@ -192,21 +191,10 @@ def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,
                                f'M{num_micro_batches} remat={remat}')
   seconds = None
   if run:
-    exe = xla_runtime.CompileSpmd(result.exported_hlo, num_stages)
-    values = [np.asarray(v) for v in inputs.Flatten()]
-    shapes = [np.shape(v) for v in NestedMap(
-        loss=np.zeros([]), grads=inputs.theta).Flatten()]
-    exe.Run(values, shapes)  # Warm-up.
-
-    def Once():
-      """(wall seconds, this process's CPU seconds) of one run."""
-      start, cpu = time.perf_counter(), time.process_time()
-      exe.Run(values, shapes)
-      return time.perf_counter() - start, time.process_time() - cpu
-
+    once = bench_gpipe_image.TimedStep(result, inputs, num_stages)
     if run == 'later':
-      return result, Once
-    seconds = statistics.median([Once()[0] for _ in range(FLAGS.run_reps)])
+      return result, once
+    seconds = statistics.median([once()[0] for _ in range(FLAGS.run_reps)])
   return result, seconds
 
 

@@ -128,7 +128,6 @@ def Measure(body, layers, filters, stages, micro_batches, remat,
   import tensorflow as tf
   from lingshard.nested_map import NestedMap
   from lingshard.spmd import check
-  from lingshard.spmd import xla_runtime
   # pylint: enable=g-import-not-at-top
   layer = LayerParams(body, layers, filters, stages, micro_batches,
                       remat).Instantiate()
@@ -160,19 +159,32 @@ def Measure(body, layers, filters, stages, micro_batches, remat,
                                name=name)
   once = None
   if run:
-    exe = xla_runtime.CompileSpmd(result.exported_hlo, stages)
-    values = [np.asarray(v) for v in inputs.Flatten()]
-    shapes = [np.shape(v) for v in NestedMap(
-        loss=np.zeros([]), grads=inputs.theta).Flatten()]
-    exe.Run(values, shapes)  # Warm-up.
-
-    def Once():
-      start = time.perf_counter()
-      exe.Run(values, shapes)
-      return time.perf_counter() - start
-
-    once = Once
+    timed = TimedStep(result, inputs, stages)
+    once = lambda: timed()[0]  # noqa: E731
   return result, layer, once
+
+
+def TimedStep(result, inputs, num_devices):
+  """The partitioned step `result` compiled for num_devices and run once
+  (warm-up); returns fn() -> (wall seconds, this process's CPU seconds)
+  of one more run on `inputs` (outputs: loss and grads of inputs.theta)."""
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from lingshard.nested_map import NestedMap
+  from lingshard.spmd import xla_runtime
+  # pylint: enable=g-import-not-at-top
+  exe = xla_runtime.CompileSpmd(result.exported_hlo, num_devices)
+  values = [np.asarray(v) for v in inputs.Flatten()]
+  shapes = [np.shape(v) for v in NestedMap(
+      loss=np.zeros([]), grads=inputs.theta).Flatten()]
+  exe.Run(values, shapes)  # Warm-up.
+
+  def Once():
+    start, cpu = time.perf_counter(), time.process_time()
+    exe.Run(values, shapes)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+  return Once
 
 
 def DeviceBytes(result):
