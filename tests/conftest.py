@@ -91,6 +91,7 @@ _LONG_FILES = (
     'tests/test_readme_lm.py',
     'tests/trainer/test_replica_routing.py',
     'tests/trainer/test_trainer_pipeline.py',
+    'tests/trainer/test_trainer_image_pipelined.py',
     'tests/test_readme_commands.py',
     'tests/test_readme_gpipe.py',
     'tests/test_readme_gpipe_circular.py',
