@@ -73,6 +73,7 @@ Inference (`is_inference`): the cells one after another on the whole batch
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.framework import attr_value_pb2
 
 from lingshard import sharding
 from lingshard.layers import base_layer
@@ -85,6 +86,26 @@ from lingshard.layers import pipeline_run
 from lingshard.layers import pipeline_schedule
 from lingshard.layers import remat
 from lingshard.weight_init import WeightInit
+
+
+def _NoConstantArguments(outs):
+  """`outs` (a switch_case's outputs), its Case op told not to resolve its
+  arguments as compile-time constants.
+
+  In an XLA context tf2xla tries every Case argument as a constant: value
+  inference over its whole producer graph, run by the HLO interpreter. For
+  a stage's carrier that graph holds the stem (convolutions, pooling):
+  minutes per argument, for every Case of every iteration (spmd_check of
+  a pipelined AmoebaNet never finished exporting). The branches need no
+  constant argument: the stage is chosen by the index alone.
+  """
+  op = outs[0].op
+  if op.type == 'Identity':  # switch_case returns identities of its outputs.
+    op = op.inputs[0].op
+  if op.type in ('Case', 'StatelessCase'):
+    op._set_attr('_xla_propagate_compile_time_consts',  # pylint: disable=protected-access
+                 attr_value_pb2.AttrValue(b=False))
+  return outs
 
 
 class CellPipelineError(ValueError):
@@ -527,7 +548,7 @@ class CellPipelinedLayer(base_layer.BaseLayer):
       args = [t[i] for t in local]
       fns = [lambda s=s, a=args: fn(s, a) for s in range(bubble)]
       fns.append(lambda a=args: [tf.zeros_like(a[j]) for j in like])
-      outs.append(tf.switch_case(branch_l[i], fns))
+      outs.append(_NoConstantArguments(tf.switch_case(branch_l[i], fns)))
     outs = [tf.stack(list(ts)) for ts in zip(*outs)]
     return [sharding.manual_to_auto(o, mesh, maps[j], ins[j].shape, names,
                                     manual) for o, j in zip(outs, like)]

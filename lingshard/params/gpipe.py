@@ -492,10 +492,7 @@ class MnistAmoebaNetPipelined(MnistAmoebaNet):
   the stem conv + BN and the head run outside the pipeline. Batch norm in
   the cells uses each micro-batch's statistics, its moving averages the
   whole mini-batch's (GPipe §2.2). No mesh (one device); `spmd_check
-  --mesh=2,2` would run it on data x stage, but its export does not finish
-  (> 25 min in tf2xla's value inference, which evaluates the cells' pooling
-  ReduceWindows with XLA's HloEvaluator; the pipeline's toy-cell SPMD test
-  has no pooling)."""
+  --mesh=2,2` runs it on data x stage (README)."""
 
   def Task(self):
     p = super().Task()

@@ -71,8 +71,8 @@ _TOLERANCES = {
 # input gradient moves too, hence every gradient upstream of the unit: in
 # deeper models beyond this allowance (gpipe.TinyMoEPipelinedCircular on the
 # full corpus: 6 such units, 36 tensors), which the comparison with relu's
-# derivative smoothed (CheckFunction, layers/kinks.py) tells from a
-# partitioning error. A routing choice
+# (and max pooling's) derivative smoothed (CheckFunction, layers/kinks.py)
+# tells from a partitioning error. A routing choice
 # flipped by rounding changes a whole expert's gradient, 1/E of wi: allowed
 # only with E > 100. A partitioning error is shaped by the shards: it touches
 # a shard's share or more (an all-reduce left out: every element); outputs
@@ -121,10 +121,11 @@ class CheckResult:
   `matches` is None when the run was not compared (compare=False).
   `outputs` are the partitioned run's outputs by name (numpy; empty when
   not run), e.g. to compare with another program's. `kink_errors` (None
-  unless the plain comparison failed in a program with ReLUs) compares
-  both programs again with relu's derivative smoothed (layers/kinks.py);
-  its match makes `matches` True: the plain mismatch was gradients
-  switched on or off at pre-activations within rounding of 0.
+  unless the plain comparison failed in a program with ReLUs or max
+  pooling) compares both programs again with their derivatives smoothed
+  (layers/kinks.py); its match makes `matches` True: the plain mismatch
+  was gradients switched on or off at pre-activations within rounding of
+  0 (pooling inputs within rounding of their window's max).
   """
   name: str
   mesh_shape: tuple
@@ -331,9 +332,10 @@ def _Export(flat, tensors, num):
 def _SmoothedKinkErrors(flat, tensors, num, values, shapes, names, rtol,
                         atol):
   """The comparison once more, both programs traced again with relu's
-  derivative smoothed (layers/kinks.py): a pre-activation within rounding
-  of 0 then no longer switches a token's gradient through its unit on or
-  off between them, while a partitioning error stays."""
+  and max pooling's derivatives smoothed (layers/kinks.py): a
+  pre-activation within rounding of 0 (a pooling input within rounding of
+  its window's max) then no longer switches a gradient on or off between
+  them, while a partitioning error stays."""
   with kinks.Tracking(smooth=True):
     hlo = _Export(flat, tensors, num)
     ref_hlo = _ReferenceHlo(flat, tensors, hlo)
@@ -364,7 +366,7 @@ def Result(name, mesh_shape, exe, hlo, input_names, output_names, rules,
            kink_errors=None):
   """The CheckResult of compiled program `exe` (from exported `hlo`);
   errors None = not compared (matches None); kink_errors: the comparison
-  with ReLU kinks smoothed, if one was made (CheckResult)."""
+  with the kinks smoothed, if one was made (CheckResult)."""
   collectives = report.ParseCollectives(exe.hlo_text, input_names,
                                         output_names)
   cost = exe.CostAnalysis()

@@ -320,17 +320,19 @@ def _Flops(n):
 
 
 def _KinkLines(kink_errors):
-  """The comparison with relu's derivative smoothed (check.py)."""
+  """The comparison with the kinks' derivatives smoothed (check.py)."""
   bad = [e for e in kink_errors if not e.ok]
   max_abs = max([e.max_abs for e in kink_errors], default=0.0)
   max_rel = max([e.max_rel for e in kink_errors], default=0.0)
-  lines = [f'  with relu\'s derivative smoothed (lingshard/layers/kinks.py): '
+  lines = [f'  with the kinks\' derivatives smoothed (relu, max pooling; '
+           f'lingshard/layers/kinks.py): '
            f'{"MISMATCH" if bad else "OK"}  max abs err {max_abs:.3g}  '
            f'max rel err {max_rel:.3g}']
   if not bad:
     lines.append('    (the tensors above moved with gradients switched on or '
-                 'off at ReLU pre-activations within rounding of 0, not by '
-                 'the partitioning)')
+                 'off at ReLU pre-activations within rounding of 0 or at '
+                 'max-pooling inputs within rounding of their window\'s max, '
+                 'not by the partitioning)')
   for e in bad:
     lines.append(f'    MISMATCH {e.name} {e.dtype}{list(e.shape)}: abs '
                  f'{e.max_abs:.3g} rel {e.max_rel:.3g} in {e.beyond} of '
@@ -349,7 +351,7 @@ def FormatReport(result, max_detail=40):
   else:
     kinks_ok = r.kink_errors is not None and r.matches
     status = ('MISMATCH' if not r.matches else
-              'OK with ReLU kinks smoothed' if kinks_ok else 'OK')
+              'OK with kinks smoothed' if kinks_ok else 'OK')
     lines.append(f'  parity vs single device: {status}  max abs err '
                  f'{r.max_abs_error:.3g}  max rel err '
                  f'{r.max_rel_error:.3g}  ({len(r.errors)} tensors)')

@@ -1,8 +1,9 @@
-"""ReLU kinks in the SPMD check: a pre-activation within rounding of 0 that
+"""ReLU and max-pooling kinks in the SPMD check: a pre-activation within
+rounding of 0 (a pooling input within rounding of its window's max) that
 the partitioned and the single-device program put on different sides of
 the kink moves every gradient upstream of it (layers/kinks.py); the check
-then compares again with relu's derivative smoothed, and a partitioning
-error still fails."""
+then compares again with the kinks' derivatives smoothed, and a
+partitioning error still fails."""
 
 import numpy as np
 import tensorflow as tf
@@ -10,6 +11,7 @@ import tensorflow as tf
 from lingshard import sharding
 from lingshard.layers import kinks
 from lingshard.layers import linear
+from lingshard.layers import pooling
 from lingshard.nested_map import NestedMap
 from lingshard.spmd import check
 
@@ -58,10 +60,72 @@ def test_relu_kinks_within_rounding_match_once_smoothed():
   assert r.ok and r.matches, r.Report()
   assert r.kink_errors is not None and all(e.ok for e in r.kink_errors)
   text = r.Report()
-  assert '  parity vs single device: OK with ReLU kinks smoothed' in text
+  assert '  parity vs single device: OK with kinks smoothed' in text
   assert '    kink grad_w float32[16]: ' in text
-  assert ("  with relu's derivative smoothed (lingshard/layers/kinks.py): OK"
-          in text)
+  assert (_SMOOTHED + 'OK') in text
+
+
+_SMOOTHED = ("  with the kinks' derivatives smoothed (relu, max pooling; "
+             "lingshard/layers/kinks.py): ")
+
+
+def _MaxPoolOfSplitDot(inp):
+  """loss = sum_j c_j max(a_j . w, 0) as 1x2 max pooling of the image
+  [1, rows, 2, 1] whose row j is (a_j . w, 0), the dot's dim split over 8
+  devices: the window's argmax is the sign of a rounding residue."""
+  a = sharding.mesh_split(inp.a, _MESH, [-1, 0])
+  pool = pooling.PoolingLayer.Params().Set(
+      name='pool', window_shape=(1, 2), window_stride=(1, 2),
+      padding='VALID').Instantiate()
+  with tf.GradientTape() as tape:
+    tape.watch(inp.w)
+    z = tf.einsum('jd,d->j', a, sharding.mesh_split(inp.w, _MESH, [0]))
+    image = tf.stack([z, tf.zeros_like(z)], 1)[tf.newaxis, :, :, tf.newaxis]
+    y = tf.reshape(pool.FProp(None, image), [-1])
+    loss = tf.reduce_sum(inp.c * y)
+  return NestedMap(loss=loss, grad_w=tape.gradient(loss, inp.w))
+
+
+def test_max_pool_kinks_within_rounding_match_once_smoothed():
+  r = check.CheckFunction(_MaxPoolOfSplitDot, _NearZeroDots(), 8,
+                          name='pool')
+  grad = {e.name: e for e in r.errors}['grad_w']
+  assert not grad.ok and grad.max_rel > 0.1, r.Report()
+  assert r.ok and r.matches, r.Report()
+  assert all(e.ok for e in r.kink_errors)
+  assert (_SMOOTHED + 'OK') in r.Report()
+
+
+def test_smoothed_max_pool_keeps_its_value_and_softmaxes_its_window():
+  rng = np.random.RandomState(0)
+  x = tf.constant(rng.normal(size=[2, 4, 6, 3]).astype(np.float32))
+  layer = pooling.PoolingLayer.Params().Set(name='pool').Instantiate()
+
+  def ValueAndGrad():
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = layer.FProp(None, x)
+    return y.numpy(), tape.gradient(y, x).numpy()
+
+  y, g = ValueAndGrad()
+  with kinks.Tracking(smooth=True) as state:
+    ys, gs = ValueAndGrad()
+  assert state['kinks'] == 1
+  np.testing.assert_array_equal(ys, y)  # Bit for bit.
+  # 2x2 windows, stride 2: each input's derivative is its window's
+  # softmax(x / BAND) (y's cotangent is 1); unsmoothed, the argmax's 1.
+  win = x.numpy().reshape(2, 2, 2, 3, 2, 3).transpose(0, 1, 3, 5, 2, 4)
+  win = win.reshape(2, 2, 3, 3, 4)
+  soft = np.exp(win / kinks.BAND)
+  soft /= soft.sum(-1, keepdims=True)
+  hard = (win == win.max(-1, keepdims=True)).astype(np.float32)
+
+  def Image(w):
+    return w.reshape(2, 2, 3, 3, 2, 2).transpose(0, 1, 4, 2, 5, 3).reshape(
+        2, 4, 6, 3)
+
+  np.testing.assert_allclose(gs, Image(soft), rtol=1e-5, atol=1e-7)
+  np.testing.assert_array_equal(g, Image(hard))
 
 
 def test_a_partitioning_error_behind_a_relu_still_fails():
@@ -73,8 +137,7 @@ def test_a_partitioning_error_behind_a_relu_still_fails():
   text = r.Report()
   assert '  parity vs single device: MISMATCH' in text
   assert '    MISMATCH loss float32[]: ' in text
-  assert ("  with relu's derivative smoothed (lingshard/layers/kinks.py): "
-          "MISMATCH" in text)
+  assert (_SMOOTHED + 'MISMATCH') in text
 
 
 def test_a_mismatch_without_relu_is_not_compared_again():
