@@ -476,12 +476,14 @@ def GpipeImage(res):
             'wall-clock of interleaved runs, so throughput cannot grow with '
             'K beyond the cores (ideal = K (1 − bubble) for K real '
             'devices).', '']
-  for key, title in (('table1', 'Table 1, the largest D fitting the '
-                      'per-device budget'),
-                     ('table2', 'Table 2, normalised throughput vs K, M and '
-                      'the schedule')):
+  # Each table under the title the script printed (body, budget, N).
+  titles = [line for line in res.get('output', '').splitlines()
+            if line.startswith(('Table 1 analogue', 'Table 2 analogue'))]
+  for key, prefix in (('table1', 'Table 1 analogue'),
+                      ('table2', 'Table 2 analogue')):
     if res.get(key) is not None:
-      lines += [f'{title}:', ''] + pp.CsvTable(res[key])
+      title = next((t for t in titles if t.startswith(prefix)), prefix)
+      lines += [f'{title}.', ''] + pp.CsvTable(res[key])
   if res.get('table2') is not None:
     lines += ['Bubble: fill-drain (K − 1)/(M + K − 1); circular R (K·R '
               'chunks of cells, a micro-batch R times round the ring) '
