@@ -120,7 +120,9 @@ CONFIGS = {
                  gpipe_args=('--quick', '--parts=memory,efficiency,schedule'),
                  # The README's run (the script's defaults: 3 + 1 cells,
                  # 16 x 16 x 8, N = 16; Table 2 fill-drain and circular-2
-                 # at K in {2, 4}, M in {1, 4, 8}): ~26 + ~60 min.
+                 # at K in {2, 4}, M in {1, 4, 8}; K = 4 circular needs
+                 # 8 cells: skipped): Table 1 26 min, Table 2 22 min on a
+                 # loaded 2-core host.
                  gpipe_image_args=(),
                  mt_overrides='',
                  probe_rows=PROBE_ROWS, probe_steps=PROBE_STEPS,
@@ -142,7 +144,7 @@ CONFIGS = {
                               '--sched_repeats=2',
                               '--mem_batch_size=32', '--batch_size=16'),
                   # 2 (Table 1) and 4 (Table 2: K = 2 x R = 2 chunks)
-                  # normal cells on 8 x 8 x 8, N = 4, K = 2: ~5 min.
+                  # normal cells on 8 x 8 x 8, N = 4, K = 2: 3.5 + 2.7 min.
                   gpipe_image_args=(
                       '--amoeba_image=8', '--amoeba_stem_filters=8',
                       '--amoeba_batch=4', '--amoeba_reductions=0',
