@@ -1,7 +1,8 @@
 """The evidence page's experiments that run the repository's benchmark
 scripts (scripts/bench_*.py), each with the machine to itself: the step
 benchmark behind every equal wall-clock budget, the SPMD scaling and MoE
-layer speed section, and the GPipe section."""
+layer speed section, and the GPipe sections (the Transformer stack's
+§2.3 tables, AmoebaNet's Tables 1 and 2)."""
 
 import os
 import subprocess
@@ -103,3 +104,22 @@ def Gpipe(ctx):
                                                'gpipe_efficiency.csv')),
               schedule=_ReadCsv(os.path.join(out_dir,
                                              'gpipe_schedule.csv')))
+
+
+def GpipeImage(ctx):
+  """GPipe Tables 1 and 2 for AmoebaNet-D cells: bench_gpipe.py
+  --body=amoebanet (bench_gpipe_image.py) with the mode's args; a table
+  the args leave out is None."""
+  out_dir = os.path.join(ctx.work_dir, 'gpipe_image')
+  argv = ['scripts/bench_gpipe.py', '--body=amoebanet',
+          f'--out_dir={out_dir}', *ctx.cfg['gpipe_image_args']]
+  shown, out = RunScript(ctx, argv, 'bench_gpipe_image.log')
+  tables = {}
+  for key in ('table1', 'table2'):
+    path = os.path.join(out_dir, f'gpipe_amoebanet_{key}.csv')
+    tables[key] = _ReadCsv(path) if os.path.exists(path) else None
+  # The (K, M, schedule) the schedule refused, as the script printed them.
+  skipped = [line[2:] for line in out.splitlines()
+             if line.startswith('# table 2 ') and ': skipped (' in line]
+  return dict(bench=dict(command=shown), output=out, skipped=skipped,
+              **tables)

@@ -32,6 +32,7 @@ def Write(out_dir, data_dir):
               ('capacity', lambda r: sec.Capacity(r, res_dir)),
               ('speed', lambda r: sec.Speed(r, res_dir)),
               ('gpipe', lambda r: sec.Gpipe(r, res_dir)),
+              ('gpipe_image', lambda r: sec.GpipeImage(r)),
               ('lm', lambda r: sec.Lm(r, res_dir)),
               ('probe', lambda r: probe.Section(r, res_dir)),
               ('regime', lambda r: regime.Section(r, res_dir)),

@@ -19,6 +19,9 @@ docs/results/. Experiments (names for --only):
   speed        GShard Fig. 7-9 and MoE layer speed: bench_spmd_scaling.py,
                bench_moe.py
   gpipe        GPipe §2.3: bench_gpipe.py (memory, bubble)
+  gpipe_image  GPipe Tables 1 and 2 for AmoebaNet-D cells: bench_gpipe.py
+               --body=amoebanet (largest D per memory budget; throughput
+               vs K, M for fill-drain and circular)
   lm           Shazeer App. C: lm1b.TinyMoE vs the FLOP-matched TinyLSTM
   probe        issue 31's capacity probe: TinyMoE vs TinyDense on a fixed
                small training subset, training loss at equal steps
@@ -71,7 +74,7 @@ PACKAGE_PATHS = ('lingshard', ':(exclude)lingshard/experiments')
 # Run order: the timing benchmarks first (each with the machine to itself),
 # the headline experiment next.
 EXPERIMENTS = ('speed', 'conditional', 'capacity', 'balance', 'depth', 'lm',
-               'gpipe', 'probe', 'regime', 'experts')
+               'gpipe', 'gpipe_image', 'probe', 'regime', 'experts')
 DENSE = 'm4.TinyDense'
 MOE_ARMS = (('E4', 'm4.TinyMoE4E'), ('E8', 'm4.TinyMoE'),
             ('E16', 'm4.TinyMoE16E'), ('E32', 'm4.TinyMoE32E'))
@@ -115,6 +118,12 @@ CONFIGS = {
                  # Tables (a), (b) of the --quick subset; (c), the schedule
                  # table (issue 49), in full: K in {2, 4}, M in {4, 8}.
                  gpipe_args=('--quick', '--parts=memory,efficiency,schedule'),
+                 # The README's run (the script's defaults: 3 + 1 cells,
+                 # 16 x 16 x 8, N = 16; Table 2 fill-drain and circular-2
+                 # at K in {2, 4}, M in {1, 4, 8}; K = 4 circular needs
+                 # 8 cells: skipped): Table 1 26 min, Table 2 22 min on a
+                 # loaded 2-core host.
+                 gpipe_image_args=(),
                  mt_overrides='',
                  probe_rows=PROBE_ROWS, probe_steps=PROBE_STEPS,
                  probe_eval_every=PROBE_EVAL_EVERY, probe_seeds=(1, 2, 3),
@@ -134,6 +143,17 @@ CONFIGS = {
                               '--sched_stages=2', '--sched_micro_batches=4',
                               '--sched_repeats=2',
                               '--mem_batch_size=32', '--batch_size=16'),
+                  # 2 (Table 1) and 4 (Table 2: K = 2 x R = 2 chunks)
+                  # normal cells on 8 x 8 x 8, N = 4, K = 2: 3.5 + 2.7 min.
+                  gpipe_image_args=(
+                      '--amoeba_image=8', '--amoeba_stem_filters=8',
+                      '--amoeba_batch=4', '--amoeba_reductions=0',
+                      '--amoeba_layers=2', '--amoeba_stages=2',
+                      '--amoeba_micro_batches=2', '--amoeba_budget_mib=1',
+                      '--amoeba_t2_layers=4', '--amoeba_t2_filters=8',
+                      '--amoeba_t2_stages=2', '--amoeba_t2_micro_batches=1,2',
+                      '--amoeba_t2_schedules=fill-drain,circular-2',
+                      '--run_reps=1'),
                   # One bucket shape: one trace per step function.
                   mt_overrides='input.bucket_upper_bounds=[64];'
                   'input.bucket_batch_limits=[16]',
@@ -315,6 +335,7 @@ def Lm(ctx):
 
 RUNNERS = dict(conditional=Conditional, depth=Depth, balance=Balance,
                capacity=Capacity, speed=benches.Speed, gpipe=benches.Gpipe,
+               gpipe_image=benches.GpipeImage,
                lm=Lm, probe=probe.Probe, regime=regime.Regime,
                experts=experts.Experts)
 

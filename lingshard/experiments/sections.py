@@ -465,6 +465,36 @@ def Gpipe(res, res_dir):
   return lines + pp.Commands(res), [png]
 
 
+def GpipeImage(res):
+  """GPipe Tables 1 and 2 for AmoebaNet-D cells (bench_gpipe_image.py)."""
+  lines = ['## 6a′. GPipe Tables 1 and 2 for AmoebaNet-D cells (GPipe '
+           '§4)', ''] + pp.Header(res)
+  lines += ['`scripts/bench_gpipe.py --body=amoebanet`: the cells of an '
+            'AmoebaNet-D(L, D) as a `CellPipelinedLayer` on K virtual CPU '
+            'devices sharing 2 cores; memory is XLA\'s per-device arguments '
+            '+ temp of the partitioned train step (exact); seconds are '
+            'wall-clock of interleaved runs, so throughput cannot grow with '
+            'K beyond the cores (ideal = K (1 − bubble) for K real '
+            'devices).', '']
+  # Each table under the title the script printed (body, budget, N).
+  titles = [line for line in res.get('output', '').splitlines()
+            if line.startswith(('Table 1 analogue', 'Table 2 analogue'))]
+  for key, prefix in (('table1', 'Table 1 analogue'),
+                      ('table2', 'Table 2 analogue')):
+    if res.get(key) is not None:
+      title = next((t for t in titles if t.startswith(prefix)), prefix)
+      lines += [f'{title}.', ''] + pp.CsvTable(res[key])
+  if res.get('table2') is not None:
+    lines += ['Bubble: fill-drain (K − 1)/(M + K − 1); circular R (K·R '
+              'chunks of cells, a micro-batch R times round the ring) '
+              '(K − 1)/(R·M + K − 1), which needs M ≥ K and at least K·R '
+              'cells (lingshard/layers/pipeline_schedule.py).', '']
+  if res.get('skipped'):
+    lines += ['Skipped (the schedule refuses them):', '']
+    lines += [f'- {line}' for line in res['skipped']] + ['']
+  return lines + pp.Commands(res), []
+
+
 def Lm(res, res_dir):
   steps = res['steps']
   moe, lstm = pp.Runs(res, 'lm_moe'), pp.Runs(res, 'lm_lstm')

@@ -1,8 +1,9 @@
 """The evidence page's rules (lingshard.experiments): claims only beyond the seed spread,
 commands shown as they paste back into a shell, the capacity probe's pass
-rule and training subset. (Its README command, a
+rule and training subset, the GPipe AmoebaNet section. (Its README command, a
 quick capacity experiment, runs in tests/test_readme_reproduce.py.)"""
 
+import json
 import os
 import shlex
 import sys
@@ -14,8 +15,10 @@ import sentencepiece as spm
 from lingshard import model_registry
 from lingshard.data import corpus_io
 from lingshard.experiments import benches
+from lingshard.experiments import page as page_lib
 from lingshard.experiments import page_parts
 from lingshard.experiments import probe
+from lingshard.experiments import reproduce
 from lingshard.experiments import runs as runs_lib
 
 
@@ -148,3 +151,77 @@ def test_benchmark_scripts_run_from_any_working_directory(tmp_path,
   assert out.startswith('usage: bench_step.py')
   with open(tmp_path / 'work' / 'help.log', encoding='utf-8') as f:
     assert f.read().startswith('usage: bench_step.py')
+
+
+# bench_gpipe.py --body=amoebanet's CSVs and skip line from a run with the
+# quick args (tables shortened to the rows the test reads).
+_AMOEBA_CSVS = {
+    'gpipe_amoebanet_table1.csv': (
+        'row,stages,micro_batches,schedule,remat,layers,filters,params,'
+        'device_mib,next_filters,next_device_mib,probes\n'
+        'naive-1,1,1,fill-drain,no,2,8,1296,0.372,16,1.81,2\n'
+        'Pipeline-2,2,2,fill-drain,yes,2,16,5088,0.700,24,1.05,3\n'),
+    'gpipe_amoebanet_table2.csv': (
+        'stages,micro_batches,schedule,iterations,bubble,seconds,'
+        'examples_per_s,normalized,ideal_normalized,device_mib\n'
+        '2,1,fill-drain,2,0.5,0.0435,91.98,1.0,1.0,0.724\n'
+        '2,2,circular R=2,5,0.2,0.0531,75.31,0.8187,1.6,0.432\n')}
+_AMOEBA_SKIP = ('table 2 K=2 M=1 circular R=2: skipped (cells: the circular '
+                'schedule needs at least num_stages 2 micro-batches (a '
+                'micro-batch re-enters stage 0 after leaving the last), got 1)')
+
+
+def test_the_gpipe_image_experiment_renders_both_tables(tmp_path,
+                                                        monkeypatch):
+  """The gpipe_image experiment runs bench_gpipe.py --body=amoebanet with
+  the mode's args (the script faked: it writes its two CSVs) and the page
+  shows both tables, the schedules' bubbles and the skipped (K, M, R)."""
+  ran = []
+
+  def FakeRunScript(ctx, argv, log_name):
+    ran.append((argv, log_name))
+    out_dir = next(a.split('=', 1)[1] for a in argv
+                   if a.startswith('--out_dir='))
+    os.makedirs(out_dir)
+    for name, text in _AMOEBA_CSVS.items():
+      with open(os.path.join(out_dir, name), 'w', encoding='utf-8') as f:
+        f.write(text)
+    return 'python ' + ' '.join(argv), (
+        f'# {_AMOEBA_SKIP}\n# other\n\nTable 2 analogue: normalised '
+        'throughput of AmoebaNet-D(4, 8) cells\nstages ...\n')
+
+  monkeypatch.setattr(benches, 'RunScript', FakeRunScript)
+  cfg = reproduce.CONFIGS['quick']
+  ctx = types.SimpleNamespace(work_dir=str(tmp_path / 'work'), cfg=cfg)
+  result = benches.GpipeImage(ctx)
+  ((argv, log_name),) = ran
+  assert argv == ['scripts/bench_gpipe.py', '--body=amoebanet',
+                  f'--out_dir={tmp_path / "work" / "gpipe_image"}',
+                  *cfg['gpipe_image_args']]
+  assert '--amoeba_t2_schedules=fill-drain,circular-2' in argv
+  assert log_name == 'bench_gpipe_image.log'
+  assert result['table2']['rows'][1][:5] == ['2', '2', 'circular R=2', '5',
+                                             '0.2']
+  assert result['skipped'] == [_AMOEBA_SKIP]
+  # The full mode runs the script's defaults, the README's command.
+  assert reproduce.CONFIGS['full']['gpipe_image_args'] == ()
+  result.update(experiment='gpipe_image', revision='abc1234', mode='quick',
+                date='2026-11-28', seconds=360.0,
+                command='python -m lingshard.experiments --quick')
+  res_dir = tmp_path / 'docs' / 'results'
+  os.makedirs(res_dir)
+  with open(res_dir / 'gpipe_image.json', 'w', encoding='utf-8') as f:
+    json.dump(result, f)
+  page_lib.Write(str(tmp_path / 'docs'), 'data')
+  with open(tmp_path / 'docs' / 'RESULTS.md', encoding='utf-8') as f:
+    page = f.read()
+  assert '## 6a′. GPipe Tables 1 and 2 for AmoebaNet-D cells' in page
+  assert '| Pipeline-2 | 2 | 2 | fill-drain | yes | 2 | 16 | 5,088 |' in page
+  assert ('Table 2 analogue: normalised throughput of AmoebaNet-D(4, 8) '
+          'cells.\n\n| stages |') in page  # The script's title.
+  assert '| 2 | 2 | circular R=2 | 5 | 0.2 | 0.0531 |' in page
+  assert 'Table 1 analogue.\n\n| row |' in page  # No title printed.
+  assert '(K − 1)/(R·M + K − 1)' in page
+  assert f'- {_AMOEBA_SKIP}' in page
+  assert 'python scripts/bench_gpipe.py --body=amoebanet' in page
+  assert 'gpipe_image 6.0' in page  # The section's minutes in the header.
