@@ -96,22 +96,29 @@ def test_max_pool_kinks_within_rounding_match_once_smoothed():
   assert (_SMOOTHED + 'OK') in r.Report()
 
 
+def _ValueAndGrad(fn, x):
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    y = fn(x)
+  return y.numpy(), tape.gradient(y, x).numpy()
+
+
+def _PlainAndSmoothedGrads(fn, x):
+  """d sum(fn(x)) / dx plain and smoothed; fn's value is checked the same
+  bit for bit and its one kink counted."""
+  y, g = _ValueAndGrad(fn, x)
+  with kinks.Tracking(smooth=True) as state:
+    ys, gs = _ValueAndGrad(fn, x)
+  assert state['kinks'] == 1
+  np.testing.assert_array_equal(ys, y)  # Bit for bit.
+  return g, gs
+
+
 def test_smoothed_max_pool_keeps_its_value_and_softmaxes_its_window():
   rng = np.random.RandomState(0)
   x = tf.constant(rng.normal(size=[2, 4, 6, 3]).astype(np.float32))
   layer = pooling.PoolingLayer.Params().Set(name='pool').Instantiate()
-
-  def ValueAndGrad():
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      y = layer.FProp(None, x)
-    return y.numpy(), tape.gradient(y, x).numpy()
-
-  y, g = ValueAndGrad()
-  with kinks.Tracking(smooth=True) as state:
-    ys, gs = ValueAndGrad()
-  assert state['kinks'] == 1
-  np.testing.assert_array_equal(ys, y)  # Bit for bit.
+  g, gs = _PlainAndSmoothedGrads(lambda t: layer.FProp(None, t), x)
   # 2x2 windows, stride 2: each input's derivative is its window's
   # softmax(x / BAND) (y's cotangent is 1); unsmoothed, the argmax's 1.
   win = x.numpy().reshape(2, 2, 2, 3, 2, 3).transpose(0, 1, 3, 5, 2, 4)
@@ -153,23 +160,12 @@ def test_a_mismatch_without_relu_is_not_compared_again():
 
 def test_smoothed_relu_keeps_its_value_and_has_a_continuous_derivative():
   x = tf.constant(np.linspace(-3.0, 3.0, 121, dtype=np.float32))
-
-  def ValueAndGrad():
-    with tf.GradientTape() as tape:
-      tape.watch(x)
-      y = linear.Activation('relu')(x)
-    return y.numpy(), tape.gradient(y, x).numpy()
-
-  y, g = ValueAndGrad()
-  with kinks.Tracking(smooth=True) as state:
-    ys, gs = ValueAndGrad()
-  assert state['kinks'] == 1
-  np.testing.assert_array_equal(ys, y)  # Bit for bit.
+  g, gs = _PlainAndSmoothedGrads(linear.Activation('relu'), x)
   np.testing.assert_allclose(gs, 1.0 / (1.0 + np.exp(-x.numpy() /
                                                      kinks.BAND)),
                              rtol=1e-5, atol=1e-7)
   np.testing.assert_array_equal(g, (x.numpy() > 0).astype(np.float32))
   with kinks.Tracking() as state:
-    _, gt = ValueAndGrad()
+    _, gt = _ValueAndGrad(linear.Activation('relu'), x)
   assert state['kinks'] == 1
   np.testing.assert_array_equal(gt, g)

@@ -7,10 +7,8 @@ import json
 import os
 
 import numpy as np
-import tensorflow as tf
 
 from lingshard import model_registry
-from lingshard import trainer
 from lingshard.data import image_prepare
 from tests.data import image_testlib
 from tests.trainer import trainer_testlib
@@ -26,26 +24,12 @@ def _Args(logdir, data_dir, max_steps, mode='train'):
           f"--eval_params_override=input.data_dir='{data_dir}'"]
 
 
-def _Run(*args):
-  trainer.Execute(trainer_testlib.ParseFlags(*args), printer=lambda _: None)
-
-
-def _Values(path):
-  reader = tf.train.load_checkpoint(path)
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.endswith('VARIABLE_VALUE')}
-
-
 def test_moving_averages_train_resume_bitwise_and_feed_eval(tmp_path):
   data = str(tmp_path / 'digits')
   image_prepare.Prepare(image_testlib.FakeWheel(tmp_path / 'fake.whl'), data)
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-  _Run(*_Args(straight, data, 4))
-  _Run(*_Args(resumed, data, 2))
-  _Run(*_Args(resumed, data, 4))  # Restarted: resumes from ckpt-2.
-  want = _Values(str(straight / 'train' / 'ckpt-4'))
-  got = _Values(str(resumed / 'train' / 'ckpt-4'))
-  assert sorted(got) == sorted(want)
+  want, got = trainer_testlib.StraightAndResumed(
+      lambda logdir, steps: _Args(logdir, data, steps), straight, resumed)
   moving = [k for k in want if k.startswith('theta/') and
             k.split('/')[-3] == 'moving']
   # The stems' BNs (stem_pre_000, stem) and the 2 blocks' two BNs each.
@@ -57,7 +41,7 @@ def test_moving_averages_train_resume_bitwise_and_feed_eval(tmp_path):
                                rtol=1e-5)
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
-  _Run(*_Args(resumed, data, 4, mode='eval'))
+  trainer_testlib.Run(*_Args(resumed, data, 4, mode='eval'))
   with open(os.path.join(resumed, 'eval_dev', 'metrics-00000004.json'),
             encoding='utf-8') as f:
     result = json.load(f)

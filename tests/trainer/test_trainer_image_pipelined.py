@@ -40,17 +40,6 @@ def _Args(logdir, data_dir, max_steps, mode='train'):
           f"--eval_params_override=input.data_dir='{data_dir}'"]
 
 
-def _Run(*args):
-  return trainer.Execute(trainer_testlib.ParseFlags(*args),
-                         printer=lambda _: None)
-
-
-def _Values(path):
-  reader = tf.train.load_checkpoint(path)
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.endswith('VARIABLE_VALUE')}
-
-
 def _StageWidths(body):
   """Per stage, the columns its cells' batch norms use in `moving` (the
   sum of their D, from each cell's declared weights); the rest pad."""
@@ -77,12 +66,8 @@ def test_stacked_moving_averages_train_resume_bitwise_and_feed_eval(
   data = str(tmp_path / 'digits')
   image_prepare.Prepare(image_testlib.FakeWheel(tmp_path / 'fake.whl'), data)
   straight, resumed = tmp_path / 'straight', tmp_path / 'resumed'
-  _Run(*_Args(straight, data, 4))
-  _Run(*_Args(resumed, data, 2))
-  _Run(*_Args(resumed, data, 4))  # Restarted: resumes from ckpt-2.
-  want = _Values(str(straight / 'train' / 'ckpt-4'))
-  got = _Values(str(resumed / 'train' / 'ckpt-4'))
-  assert sorted(got) == sorted(want)
+  want, got = trainer_testlib.StraightAndResumed(
+      lambda logdir, steps: _Args(logdir, data, steps), straight, resumed)
   for key in want:
     np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
@@ -102,7 +87,7 @@ def test_stacked_moving_averages_train_resume_bitwise_and_feed_eval(
                                rtol=1e-5)
     np.testing.assert_array_equal(moving[stage, :, width:], 0.0)
 
-  _Run(*_Args(resumed, data, 4, mode='eval'))
+  trainer_testlib.Run(*_Args(resumed, data, 4, mode='eval'))
   result = _EvalJson(resumed)
   assert result['languages']['all']['examples'] == 1000
   # The eval job's restored theta: evaluated again it gives the job's

@@ -37,6 +37,31 @@ def ParseFlags(*args):
   return fv
 
 
+def Run(*args):
+  """trainer.Execute in this process, printing nothing."""
+  return trainer.Execute(ParseFlags(*args), printer=lambda _: None)
+
+
+def CheckpointValues(path):
+  """{key: value} of the variables in checkpoint `path`."""
+  reader = tf.train.load_checkpoint(path)
+  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+          if k.endswith('VARIABLE_VALUE')}
+
+
+def StraightAndResumed(args, straight, resumed):
+  """Trains 4 steps in logdir `straight`, and 2 then (restarted, from
+  ckpt-2) 4 in `resumed`; args(logdir, max_steps) are the trainer's flags.
+  Returns the ckpt-4 values (straight, resumed), their keys checked equal."""
+  Run(*args(straight, 4))
+  Run(*args(resumed, 2))
+  Run(*args(resumed, 4))  # Restarted: resumes from ckpt-2.
+  want = CheckpointValues(os.path.join(straight, 'train', 'ckpt-4'))
+  got = CheckpointValues(os.path.join(resumed, 'train', 'ckpt-4'))
+  assert sorted(got) == sorted(want)
+  return want, got
+
+
 def TrainerEnv():
   env = dict(os.environ)
   env['TF_CPP_MIN_LOG_LEVEL'] = '2'
