@@ -125,9 +125,7 @@ MAX_DEVICES = 8
 def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
                  loop=True, repeats=None, dims=None):
   # pylint: disable=g-import-not-at-top
-  import numpy as np
   from lingshard.layers import pipeline
-  from lingshard.layers import pipeline_schedule
   from lingshard.layers import transformer
   from lingshard.layers.moe import top2
   # pylint: enable=g-import-not-at-top
@@ -146,12 +144,7 @@ def _LayerParams(num_layers, num_stages, num_micro_batches, remat,
       name='stack', body_tpl=body, num_layers=num_layers,
       num_stages=num_stages, num_micro_batches=num_micro_batches,
       remat=remat, loop=loop)
-  if repeats is not None:
-    p.schedule = pipeline_schedule.Circular.Params().Set(repeats=repeats)
-  if num_stages > 1:
-    p.device_mesh = np.arange(num_stages)
-    p.stage_mesh_axis = 0
-  return p
+  return bench_gpipe_image.OnStageMesh(p, num_stages, repeats)
 
 
 def _Measure(num_layers, num_stages, num_micro_batches, remat, run=False,

@@ -143,10 +143,8 @@ def LayerParams(body, layers, filters, stages, micro_batches, remat,
   """CellPipelinedLayer params of AmoebaNet-D(layers, filters)'s cells;
   repeats: None = fill-drain, R = Circular(R)."""
   # pylint: disable=g-import-not-at-top
-  import numpy as np
   from lingshard.layers import amoebanet
   from lingshard.layers import pipeline_cells
-  from lingshard.layers import pipeline_schedule
   from lingshard.models import amoebanet_model
   # pylint: enable=g-import-not-at-top
   shape = (body.image, body.image, body.channels)
@@ -163,6 +161,15 @@ def LayerParams(body, layers, filters, stages, micro_batches, remat,
   p = pipeline_cells.CellPipelinedLayer.Params().Set(
       name='cells', cell_tpls=tpls, input_shape=shape, num_stages=stages,
       num_micro_batches=micro_batches, remat=remat)
+  return OnStageMesh(p, stages, repeats)
+
+
+def OnStageMesh(p, stages, repeats=None):
+  """Pipeline params p with Circular(repeats) (None: fill-drain) and, for
+  K > 1, one device per stage (both benches' layout)."""
+  # pylint: disable=g-import-not-at-top
+  import numpy as np
+  from lingshard.layers import pipeline_schedule
   if repeats is not None:
     p.schedule = pipeline_schedule.Circular.Params().Set(repeats=repeats)
   if stages > 1:
