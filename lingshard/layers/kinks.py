@@ -41,14 +41,16 @@ import contextvars
 import numpy as np
 import tensorflow as tf
 
-# {'kinks': relu calls traced, 'smooth': bool} of the open Tracking, or None.
+# {'kinks': Relu / MaxPool calls traced, 'smooth': bool} of the open
+# Tracking, or None.
 _STATE = contextvars.ContextVar('lingshard_kinks', default=None)
 
 
 @contextlib.contextmanager
 def Tracking(smooth=False):
-  """Yields a dict whose 'kinks' counts the `Relu` calls traced inside;
-  smooth=True: their derivative is smoothed (module docstring)."""
+  """Yields a dict whose 'kinks' counts the `Relu` and `MaxPool` calls
+  traced inside; smooth=True: their derivative is smoothed (module
+  docstring)."""
   state = {'kinks': 0, 'smooth': bool(smooth)}
   token = _STATE.set(state)
   try:
@@ -61,41 +63,44 @@ def Tracking(smooth=False):
 BAND = 0.25
 
 
-def Relu(x):
-  """max(x, 0); see the module docstring for its traced variants."""
+def _Kink(exact, smoothed):
+  """exact() (a function with a kink), counted inside a Tracking; with
+  smooth=True its value bit for bit (it adds s - s = 0) and the derivative
+  of s = smoothed()."""
   state = _STATE.get()
   if state is None:
-    return tf.nn.relu(x)
+    return exact()
   state['kinks'] += 1
   if not state['smooth']:
-    return tf.nn.relu(x)
-  # d/dx BAND * softplus(x / BAND) = sigmoid(x / BAND); the forward adds
-  # s - s = 0 exactly, so the value is relu(x) bit for bit.
-  s = BAND * tf.nn.softplus(x / BAND)
-  return tf.stop_gradient(tf.nn.relu(x)) + (s - tf.stop_gradient(s))
+    return exact()
+  s = smoothed()
+  return tf.stop_gradient(exact()) + (s - tf.stop_gradient(s))
+
+
+def Relu(x):
+  """max(x, 0); see the module docstring for its traced variants."""
+  # d/dx BAND * softplus(x / BAND) = sigmoid(x / BAND).
+  return _Kink(lambda: tf.nn.relu(x),
+               lambda: BAND * tf.nn.softplus(x / BAND))
 
 
 def MaxPool(x, window_shape, strides, padding):
   """tf.nn.pool MAX of x [B, H, W, C]; see the module docstring for its
   traced variants."""
-  def Max(t):
-    return tf.nn.pool(t, window_shape=window_shape, pooling_type='MAX',
-                      strides=strides, padding=padding)
 
-  state = _STATE.get()
-  if state is None:
-    return Max(x)
-  state['kinks'] += 1
-  if not state['smooth']:
-    return Max(x)
-  # s = BAND log(sum over the window of exp(x / BAND)) up to a constant:
-  # average pooling (SAME: over the in-image positions only, as max
-  # pooling) of exp((x - m) / BAND), m the per-(example, channel) max (no
-  # overflow; `tiny` keeps log finite if a whole window underflows, so
-  # s - s stays 0). Its derivative is the window's softmax(x / BAND).
-  xf = tf.cast(x, tf.float32)
-  m = tf.stop_gradient(tf.reduce_max(xf, axis=[1, 2], keepdims=True))
-  avg = tf.nn.pool(tf.exp((xf - m) / BAND), window_shape=window_shape,
-                   pooling_type='AVG', strides=strides, padding=padding)
-  s = tf.cast(BAND * tf.math.log(avg + np.finfo(np.float32).tiny), x.dtype)
-  return tf.stop_gradient(Max(x)) + (s - tf.stop_gradient(s))
+  def Smoothed():
+    # BAND log(sum over the window of exp(x / BAND)) up to a constant:
+    # average pooling (SAME: over the in-image positions only, as max
+    # pooling) of exp((x - m) / BAND), m the per-(example, channel) max
+    # (no overflow; `tiny` keeps log finite if a whole window underflows,
+    # so s - s stays 0). Its derivative is the window's softmax(x / BAND).
+    xf = tf.cast(x, tf.float32)
+    m = tf.stop_gradient(tf.reduce_max(xf, axis=[1, 2], keepdims=True))
+    avg = tf.nn.pool(tf.exp((xf - m) / BAND), window_shape=window_shape,
+                     pooling_type='AVG', strides=strides, padding=padding)
+    return tf.cast(BAND * tf.math.log(avg + np.finfo(np.float32).tiny),
+                   x.dtype)
+
+  return _Kink(lambda: tf.nn.pool(x, window_shape=window_shape,
+                                  pooling_type='MAX', strides=strides,
+                                  padding=padding), Smoothed)
